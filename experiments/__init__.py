@@ -1,0 +1,1 @@
+"""Runnable entry points: ``python -m experiments.<name>``."""

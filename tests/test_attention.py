@@ -1,0 +1,93 @@
+"""Scaled dot-product attention, head split/merge and the sqrt(d_k) argument."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tests import reference
+from xfmr_jax import attention, masks
+
+
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 3), lq=st.integers(1, 9), lk=st.integers(1, 11),
+       h=st.integers(1, 4), d=st.sampled_from([1, 4, 8, 16]),
+       seed=st.integers(0, 2**16), masked=st.booleans())
+def test_matches_float64_reference(b, lq, lk, h, d, seed, masked):
+  r = np.random.default_rng(seed)
+  q, k, v = (r.standard_normal((b, n, h, d)).astype(np.float32)
+             for n in (lq, lk, lk))
+  mask = None
+  if masked:  # random key padding with at least one visible key per row
+    lengths = r.integers(1, lk + 1, size=b)
+    mask = (np.arange(lk)[None, :] < lengths[:, None])[:, None, None, :]
+  out = attention.dot_product_attention(q, k, v, mask)
+  assert out.shape == (b, lq, h, d)
+  assert reference.rel_err(out, reference.attention(q, k, v, mask)) < 1e-5
+
+
+def test_weights_are_softmax_of_scaled_scores(rng):
+  q, k = rng.standard_normal((2, 2, 5, 3, 8)).astype(np.float32)
+  w = np.asarray(attention.attention_weights(q, k))
+  scores = np.einsum('bqhd,bkhd->bhqk', q.astype(np.float64), k) / np.sqrt(8)
+  expected = np.exp(scores) / np.exp(scores).sum(-1, keepdims=True)
+  np.testing.assert_allclose(w, expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-6)
+
+
+def test_masked_keys_get_zero_weight_and_full_mask_is_finite(rng):
+  q, k, v = rng.standard_normal((3, 1, 4, 2, 8)).astype(np.float32)
+  mask = np.ones((1, 1, 4, 4), bool)
+  mask[..., 2] = False          # key 2 hidden from everyone
+  mask[..., 3, :] = False       # query 3 sees nothing
+  out, w = attention.dot_product_attention(q, k, v, mask, return_weights=True)
+  assert np.all(np.isfinite(out))
+  np.testing.assert_array_equal(np.asarray(w)[..., 2], 0.0)
+  np.testing.assert_array_equal(np.asarray(out)[:, 3], 0.0)
+  ref = reference.attention(q[:, :3], k, v, mask[..., :3, :])
+  assert reference.rel_err(out[:, :3], ref) < 1e-5
+  grads = jax.grad(lambda q: attention.dot_product_attention(
+      q, k, v, mask).sum())(q)
+  assert np.all(np.isfinite(grads))
+
+
+def test_split_merge_heads_round_trip(rng):
+  x = rng.standard_normal((2, 5, 12)).astype(np.float32)
+  split = attention.split_heads(x, 3)
+  assert split.shape == (2, 5, 3, 4)
+  np.testing.assert_array_equal(split[:, :, 1], x[:, :, 4:8])
+  np.testing.assert_array_equal(attention.merge_heads(split), x)
+  with pytest.raises(ValueError, match='not divisible'):
+    attention.split_heads(x, 5)
+
+
+@pytest.mark.parametrize('d_k', [16, 64, 256])
+def test_sqrt_dk_scaling_keeps_unit_variance(d_k):
+  """Section 3.2.1: q.k has variance d_k; dividing by sqrt(d_k) brings it to 1."""
+  r = np.random.default_rng(d_k)
+  q, k = r.standard_normal((2, 4000, d_k)).astype(np.float32)
+  unscaled = np.einsum('nd,nd->n', q, k)
+  scaled = unscaled / np.sqrt(d_k)
+  assert abs(unscaled.var() / d_k - 1) < 0.1
+  assert abs(scaled.var() - 1) < 0.1
+  # And the function really scales: its logits have unit variance.
+  w = attention.attention_weights(q[None, :64, None], k[None, :64, None])
+  logits = np.log(np.asarray(w[0, 0], np.float64))
+  logits -= logits.mean(-1, keepdims=True)
+  direct = np.einsum('qd,kd->qk', q[:64], k[:64]) / np.sqrt(d_k)
+  direct -= direct.mean(-1, keepdims=True)
+  np.testing.assert_allclose(logits, direct, atol=2e-3)
+
+
+def test_jit_vmap_and_grad(rng):
+  q, k, v = rng.standard_normal((3, 4, 6, 2, 8)).astype(np.float32)
+  mask = masks.causal_mask(6)
+  eager = attention.dot_product_attention(q, k, v, mask)
+  jitted = jax.jit(attention.dot_product_attention)(q, k, v, mask)
+  np.testing.assert_allclose(jitted, eager, rtol=1e-6, atol=1e-6)
+  per_example = jax.vmap(lambda q, k, v: attention.dot_product_attention(
+      q[None], k[None], v[None], mask)[0])(q, k, v)
+  np.testing.assert_allclose(per_example, eager, rtol=1e-5, atol=1e-6)
+  g = jax.grad(lambda q: jnp.sum(attention.dot_product_attention(
+      q, k, v, mask) ** 2))(q)
+  assert np.all(np.isfinite(g)) and np.any(g != 0)

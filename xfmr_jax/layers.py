@@ -1,0 +1,198 @@
+"""Sublayers of the Transformer (paper sections 3.1-3.3).
+
+Pure functions for the math (``layer_norm``, ``rms_norm``, ``feed_forward``) and
+Flax Linen modules that own the parameters and call them. Every parameter is
+annotated with logical axis names (``embed``, ``mlp``, ``joined_kv``, ``vocab``)
+that :mod:`xfmr_jax.sharding`-style rules can map onto a device mesh.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from xfmr_jax import attention
+from xfmr_jax.config import ModelConfig
+
+ACTIVATIONS: dict[str, Callable] = {'relu': jax.nn.relu, 'gelu': jax.nn.gelu}
+
+
+def layer_norm(x, scale, bias, epsilon: float = 1e-6):
+  """``(x - mean) / sqrt(var + eps) * scale + bias`` over the last axis.
+
+  Statistics are taken in float32 whatever ``x.dtype`` is; the result has
+  ``x.dtype``.
+  """
+  xf = x.astype(jnp.float32)
+  mean = xf.mean(-1, keepdims=True)
+  var = jnp.square(xf - mean).mean(-1, keepdims=True)
+  y = (xf - mean) * jax.lax.rsqrt(var + epsilon) * scale + bias
+  return y.astype(x.dtype)
+
+
+def rms_norm(x, scale, epsilon: float = 1e-6):
+  """``x / sqrt(mean(x^2) + eps) * scale``: LayerNorm without centring or bias."""
+  xf = x.astype(jnp.float32)
+  y = xf * jax.lax.rsqrt(jnp.square(xf).mean(-1, keepdims=True) + epsilon)
+  return (y * scale).astype(x.dtype)
+
+
+def feed_forward(x, w1, b1, w2, b2, activation: Callable = jax.nn.relu):
+  """Position-wise FFN ``activation(x W1 + b1) W2 + b2`` (equation 2).
+
+  Args:
+    x: ``[..., d_model]``; w1: ``[d_model, d_ff]``; w2: ``[d_ff, d_model]``.
+  """
+  return activation(x @ w1 + b1) @ w2 + b2
+
+
+def _param(module: nn.Module, name: str, init, shape, axes):
+  """A float32 parameter with logical axis names for sharding."""
+  return module.param(name, nn.with_logical_partitioning(init, axes), shape,
+                      jnp.float32)
+
+
+def dense(features: int, axes: tuple[str, str], name: str,
+          dtype=jnp.float32) -> nn.Dense:
+  """``nn.Dense`` with Xavier-uniform kernel and logically named axes."""
+  return nn.Dense(
+      features, dtype=dtype, param_dtype=jnp.float32, name=name,
+      kernel_init=nn.with_logical_partitioning(
+          nn.initializers.xavier_uniform(), axes),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                             (axes[-1],)))
+
+
+class Norm(nn.Module):
+  """LayerNorm (default) or RMSNorm over the model width."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    scale = _param(self, 'scale', nn.initializers.ones, (x.shape[-1],),
+                   ('embed',))
+    if cfg.norm_type == 'rmsnorm':
+      return rms_norm(x, scale, cfg.layer_norm_epsilon)
+    bias = _param(self, 'bias', nn.initializers.zeros, (x.shape[-1],),
+                  ('embed',))
+    return layer_norm(x, scale, bias, cfg.layer_norm_epsilon)
+
+
+class FeedForward(nn.Module):
+  """Two linear maps with an activation between: ``d_model -> d_ff -> d_model``."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    xavier = nn.initializers.xavier_uniform()
+    w1 = _param(self, 'wi', xavier, (cfg.d_model, cfg.d_ff), ('embed', 'mlp'))
+    b1 = _param(self, 'bi', nn.initializers.zeros, (cfg.d_ff,), ('mlp',))
+    w2 = _param(self, 'wo', xavier, (cfg.d_ff, cfg.d_model), ('mlp', 'embed'))
+    b2 = _param(self, 'bo', nn.initializers.zeros, (cfg.d_model,), ('embed',))
+    return feed_forward(x.astype(dtype), *(p.astype(dtype) for p in
+                                           (w1, b1, w2, b2)),
+                        activation=ACTIVATIONS[cfg.activation])
+
+
+class MultiHeadAttention(nn.Module):
+  """``MultiHead(Q, K, V) = Concat(head_1..head_h) W^O`` (section 3.2.2).
+
+  Self-attention when ``inputs_kv is inputs_q``; cross-attention otherwise (query
+  and key lengths may differ). The attention weights ``[batch, heads, q, k]`` are
+  sown into the ``intermediates`` collection for visualisation.
+
+  Incremental decoding keeps keys and values in the ``cache`` collection:
+
+  * ``cache='self'``: causal self-attention over ``cached_key`` and
+    ``cached_value`` ``[batch, cache_len, heads, head_dim]``. The ``q`` new
+    positions ``step .. step + q - 1`` are written into the cache and each
+    attends to the cached positions up to its own.
+  * ``cache='cross'``: the keys and values of ``inputs_kv`` (the encoder output)
+    are computed when it is given and stored in ``cached_key``/``cached_value``
+    ``[batch, source_length, heads, head_dim]``; with ``inputs_kv=None`` they are
+    read back, so each decoding step projects only its new query.
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, inputs_q, inputs_kv, mask=None, deterministic=True, *,
+               cache: str | None = None, cache_len: int | None = None,
+               step=None):
+    """inputs_q: ``[batch, q, d_model]``; inputs_kv: ``[batch, k, d_model]``."""
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    proj = lambda name: dense(cfg.d_model, ('embed', 'joined_kv'), name, dtype)
+    if cache not in (None, 'self', 'cross'):
+      raise ValueError(f"cache must be None, 'self' or 'cross', got {cache!r}")
+    q = attention.split_heads(proj('query')(inputs_q), cfg.num_heads)
+    if cache == 'cross' and inputs_kv is None:
+      # Later decoding steps: the encoder's keys/values were cached once.
+      k = self.get_variable('cache', 'cached_key')
+      v = self.get_variable('cache', 'cached_value')
+      if k is None:
+        raise ValueError('cross-attention cache is empty: pass the encoder '
+                         'output on the first decoding step')
+    else:
+      k = attention.split_heads(proj('key')(inputs_kv), cfg.num_heads)
+      v = attention.split_heads(proj('value')(inputs_kv), cfg.num_heads)
+      if cache == 'cross':
+        self.put_variable('cache', 'cached_key', k)
+        self.put_variable('cache', 'cached_value', v)
+      elif cache == 'self':
+        k, v, cache_mask = self._update_self_cache(k, v, cache_len, step)
+        mask = cache_mask if mask is None else mask & cache_mask
+    dropout_rng = None
+    if not deterministic and cfg.attention_dropout_rate > 0:
+      dropout_rng = self.make_rng('dropout')
+    out, weights = attention.dot_product_attention(
+        q, k, v, mask, dropout_rate=cfg.attention_dropout_rate,
+        dropout_rng=dropout_rng, return_weights=True)
+    self.sow('intermediates', 'attention_weights', weights)
+    return dense(cfg.d_model, ('joined_kv', 'embed'), 'out', dtype)(
+        attention.merge_heads(out))
+
+  def _update_self_cache(self, k, v, cache_len, step):
+    """Write ``[batch, q, heads, head_dim]`` new K/V at ``step``; return the cache.
+
+    Returns the full cached keys and values ``[batch, cache_len, heads,
+    head_dim]`` and the causal mask ``[1, 1, q, cache_len]`` over them (new
+    position ``step + i`` sees cached positions ``0 .. step + i``).
+    """
+    batch, length, heads, head_dim = k.shape
+    if not self.has_variable('cache', 'cached_key') and cache_len is None:
+      raise ValueError("the first cache='self' call needs cache_len")
+    shape = (batch, cache_len, heads, head_dim)
+    cached_key = self.variable('cache', 'cached_key', jnp.zeros, shape, k.dtype)
+    cached_value = self.variable('cache', 'cached_value', jnp.zeros, shape,
+                                 v.dtype)
+    start = (0, step, 0, 0)
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k, start)
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v,
+                                                      start)
+    positions = step + jnp.arange(length)
+    keys = jnp.arange(cached_key.value.shape[1])
+    mask = (keys[None, :] <= positions[:, None])[None, None]
+    return cached_key.value, cached_value.value, mask
+
+
+class Sublayer(nn.Module):
+  """Residual connection, dropout and normalisation around one sublayer.
+
+  Post-LN (paper): ``LayerNorm(x + Dropout(f(x)))``.
+  Pre-LN: ``x + Dropout(f(LayerNorm(x)))``, which keeps the residual path clean.
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, fn, deterministic):
+    cfg = self.config
+    drop = nn.Dropout(cfg.dropout_rate)
+    if cfg.norm_position == 'pre':
+      return x + drop(fn(Norm(cfg, name='norm')(x)), deterministic=deterministic)
+    y = x + drop(fn(x), deterministic=deterministic)
+    return Norm(cfg, name='norm')(y)
