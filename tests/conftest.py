@@ -16,3 +16,12 @@ def rng():
 @pytest.fixture
 def key():
   return jax.random.key(0)
+
+
+@pytest.fixture(scope='session')
+def data_dir(tmp_path_factory):
+  """The 'small' toy_translate dataset (5k training pairs), built once."""
+  from xfmr_jax import data
+  d = tmp_path_factory.mktemp('tfds')
+  data.build_toy_dataset(str(d), config='small')
+  return d

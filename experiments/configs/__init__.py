@@ -1,0 +1,1 @@
+"""ml_collections configs for ``python -m experiments.train_wmt --config=...``."""

@@ -1,0 +1,67 @@
+"""Fields shared by every training config; each config overrides some of them.
+
+Every field is documented here; ``--config.<field>=<value>`` overrides one on
+the command line (an unknown field is an error).
+"""
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  # Data. dataset: 'toy_translate', 'wmt14_translate/de-en',
+  # 'wmt17_translate/de-en' (a '/en-de' suffix or reverse=True flips the
+  # direction), 'tsv:/path/{split}.tsv' or 'files:/p/{split}.src,/p/{split}.tgt'.
+  c.dataset = 'toy_translate'
+  c.data_dir = ''              # TFDS data_dir; '' = TFDS's default
+  c.reverse = False            # translate target -> source
+  c.train_split = 'train'
+  c.eval_split = 'validation'
+  c.test_split = 'test'
+  c.max_length = 64            # tokens per packed training row (EOS included)
+  c.eval_max_length = 128      # tokens per evaluation row
+  c.length_policy = 'filter'   # or 'truncate' pairs longer than max_length
+  c.pack = True
+  # Tokenizer: trained on the train split unless tokenizer_path is given; it
+  # is saved as <workdir>/tokenizer.model and reused when the run resumes.
+  c.vocab_size = 1000
+  c.tokenizer_type = 'bpe'     # or 'unigram'
+  c.tokenizer_path = ''
+  c.tokenizer_max_sentences = 200_000
+  # Model: fields of xfmr_jax.config.ModelConfig (vocab_size comes from the
+  # tokenizer).
+  c.model = ml_collections.ConfigDict(dict(
+      d_model=512, num_heads=8, num_encoder_layers=6, num_decoder_layers=6,
+      d_ff=2048, dropout_rate=0.1, attention_dropout_rate=0.0, max_len=512,
+      positional='sinusoidal', norm_position='post', norm_type='layernorm',
+      activation='relu', share_embeddings=True, dtype='float32',
+      scan_layers=False, remat=False))
+  # Optimisation (section 5.3-5.4).
+  c.batch_size = 64            # rows per step (all processes together)
+  c.num_train_steps = 100_000
+  c.warmup_steps = 4000
+  c.lr_scale = 1.0             # multiplies the paper's learning-rate formula
+  c.adam_b1 = 0.9
+  c.adam_b2 = 0.98
+  c.adam_eps = 1e-9
+  c.label_smoothing = 0.1
+  c.grad_clip_norm = 0.0       # 0 = no clipping
+  c.grad_accum_steps = 1
+  c.seed = 0
+  # Progress, evaluation and checkpoints.
+  c.log_every = 50
+  c.eval_every = 1000
+  c.eval_batches = 4           # validation batches for the periodic eval loss
+  c.eval_batch_size = 128
+  c.bleu_samples = 256         # validation sentences decoded at each eval
+  c.test_samples = 0           # test sentences for the final metrics; 0 = all
+  c.checkpoint_every = 1000
+  c.keep_checkpoints = 3
+  c.async_checkpoints = True
+  c.num_print_samples = 3
+  # Decoding for BLEU and exact match.
+  c.beam_size = 1              # 1 = greedy
+  c.beam_alpha = 0.6
+  c.max_decode_extra = 50      # decode up to input length + this
+  # Fault injection for tests: poison the loss at this step (-1 = never).
+  c.debug_nan_at_step = -1
+  return c

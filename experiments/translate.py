@@ -1,0 +1,65 @@
+"""Translate stdin to stdout with a trained model: one line in, one line out.
+
+    echo "a source sentence" | python -m experiments.translate --workdir=DIR
+
+Output has the same number of lines in the same order; an empty line gives an
+empty line. Invalid UTF-8 bytes are replaced, never fatal. Lines longer than the
+model's maximum are truncated with a warning on stderr (``--too_long=error``
+rejects them instead).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+from absl import app, flags
+from absl import logging as absl_logging
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir to load.',
+                               required=True)
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step; default newest.')
+_BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size; 1 = greedy.')
+_ALPHA = flags.DEFINE_float('alpha', 0.6, 'Length penalty exponent.')
+_EXTRA = flags.DEFINE_integer('max_decode_extra', 50,
+                              'Decode up to input length + this many tokens.')
+_TEMPERATURE = flags.DEFINE_float('temperature', 0.0,
+                                  'Sample at this temperature if > 0.')
+_TOP_K = flags.DEFINE_integer('top_k', 0, 'Sample from the k best (0 = all).')
+_TOP_P = flags.DEFINE_float('top_p', 1.0, 'Nucleus sampling mass.')
+_SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
+_BATCH = flags.DEFINE_integer('batch_size', 64, 'Sentences per decoder call.')
+_TOO_LONG = flags.DEFINE_enum('too_long', 'truncate', ['truncate', 'error'],
+                              'What to do with over-long lines.')
+
+
+def read_lines(stream) -> list[str]:
+  """Lines of a binary stream, decoded as UTF-8 with bad bytes replaced."""
+  text = stream.read().decode('utf-8', errors='replace')
+  lines = text.split('\n')
+  if lines and lines[-1] == '':
+    lines.pop()  # the final newline ends the last line; it adds none
+  return [line.rstrip('\r') for line in lines]
+
+
+def main(argv):
+  del argv
+  if flags.FLAGS['verbosity'].using_default_value:
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    logging.getLogger().setLevel(logging.WARNING)
+  from xfmr_jax import checkpoint
+  from xfmr_jax.translate import Translator
+  try:
+    translator = Translator.from_workdir(
+        _WORKDIR.value, _STEP.value, beam_size=_BEAM.value, alpha=_ALPHA.value,
+        max_decode_extra=_EXTRA.value, batch_size=_BATCH.value,
+        too_long=_TOO_LONG.value, temperature=_TEMPERATURE.value,
+        top_k=_TOP_K.value, top_p=_TOP_P.value, seed=_SEED.value)
+    outputs = translator(read_lines(sys.stdin.buffer))
+  except (checkpoint.CheckpointError, ValueError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+  sys.stdout.write(''.join(line + '\n' for line in outputs))
+
+
+if __name__ == '__main__':
+  app.run(main)

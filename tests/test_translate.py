@@ -1,0 +1,121 @@
+"""The translate Python API and CLI on a model trained for a short while."""
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_train import tiny_config
+from xfmr_jax import checkpoint, data, decode, trainer
+from xfmr_jax.translate import BUCKETS, Translator
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope='module')
+def workdir(data_dir, tmp_path_factory):
+  """A toy model trained briefly: it gets short sentences right."""
+  wd = tmp_path_factory.mktemp('trained')
+  cfg = tiny_config(data_dir, num_train_steps=300, vocab_size=600,
+                    lr_scale=0.5, warmup_steps=100, batch_size=32,
+                    max_length=64, checkpoint_every=300, log_every=50,
+                    test_samples=64)
+  cfg.model.update(d_model=128, num_heads=4, num_encoder_layers=2,
+                   num_decoder_layers=2, d_ff=256, max_len=128)
+  trainer.train_and_evaluate(cfg, str(wd))
+  return wd
+
+
+@pytest.fixture(scope='module')
+def translator(workdir):
+  return Translator.from_workdir(str(workdir), batch_size=8)
+
+
+@pytest.mark.slow
+def test_trained_model_translates_held_out_sentences(translator, data_dir):
+  test = data.get_source('toy_translate/small', 'test', str(data_dir))
+  pairs = sorted((test[i] for i in range(len(test))),
+                 key=lambda p: len(p[0].split()))[:12]
+  outputs = translator([p[0] for p in pairs])
+  exact = sum(o == p[1] for o, p in zip(outputs, pairs))
+  assert exact >= 9, list(zip(outputs, pairs))
+
+
+def test_order_count_empty_lines_and_batching(translator, data_dir):
+  test = data.get_source('toy_translate/small', 'test', str(data_dir))
+  sources = [test[i][0] for i in range(20)]
+  inputs = sources[:7] + ['', '   '] + sources[7:]
+  out = translator(inputs)
+  assert len(out) == len(inputs)
+  assert out[7] == '' and out[8] == ''
+  alone = [translator([s])[0] for s in sources[:4]]
+  assert out[:4] == alone  # batching and sorting do not change a translation
+  assert out[9:] == translator(sources[7:])
+
+
+def test_compilations_are_bounded_by_buckets(translator):
+  words = 'drag glipos that vol fodibri lod plowad wad vobrap glapi'.split()
+  before = sum(decode.TRACE_COUNTS.values())
+  for n in range(1, 41):
+    translator([' '.join((words * 5)[:n])])
+  compiled = sum(decode.TRACE_COUNTS.values()) - before
+  assert compiled <= 3  # lengths 2..~50 tokens fall into buckets 16, 32, 64
+  assert 16 in BUCKETS and Translator.bucket(17, 512) == 32
+
+
+def test_long_input_is_truncated_with_a_warning_or_rejected(workdir, capsys):
+  long_line = ' '.join(['drag'] * 400)
+  t = Translator.from_workdir(str(workdir), batch_size=2)
+  assert isinstance(t([long_line])[0], str)
+  assert 'truncated' in capsys.readouterr().err
+  strict = Translator.from_workdir(str(workdir), batch_size=2, too_long='error')
+  with pytest.raises(ValueError, match='input 0 has'):
+    strict([long_line])
+
+
+def run_cli(stdin: bytes, *flags):
+  return subprocess.run([sys.executable, '-m', 'experiments.translate', *flags],
+                        input=stdin, capture_output=True, cwd=ROOT, timeout=300)
+
+
+def test_cli_round_trip_with_bad_lines(workdir, translator, data_dir):
+  test = data.get_source('toy_translate/small', 'test', str(data_dir))
+  sources = [test[i][0] for i in range(3)]
+  lines = [sources[0], '', sources[1], 'unknown ¿words? 日本', sources[2],
+           ' '.join(['drag'] * 400)]
+  stdin = ('\n'.join(lines) + '\n').encode() + b'bad \xff\xfe bytes\n'
+  result = run_cli(stdin, f'--workdir={workdir}', '--beam_size=1')
+  assert result.returncode == 0, result.stderr.decode()
+  out = result.stdout.decode().split('\n')
+  assert out[-1] == '' and len(out) - 1 == len(lines) + 1
+  assert out[1] == ''
+  assert out[0] == translator([sources[0]])[0]
+  assert b'truncated' in result.stderr
+
+
+def test_cli_beam_search_and_sampling_flags(workdir, data_dir):
+  test = data.get_source('toy_translate/small', 'test', str(data_dir))
+  stdin = (test[0][0] + '\n' + test[1][0] + '\n').encode()
+  beam = run_cli(stdin, f'--workdir={workdir}', '--beam_size=4', '--alpha=0.6')
+  sampled = run_cli(stdin, f'--workdir={workdir}', '--temperature=0.7',
+                    '--top_k=5', '--seed=3')
+  for r in (beam, sampled):
+    assert r.returncode == 0, r.stderr.decode()
+    assert len(r.stdout.decode().splitlines()) == 2
+
+
+def test_missing_or_damaged_workdir_gives_a_clear_error(tmp_path, workdir):
+  missing = tmp_path / 'nope'
+  result = run_cli(b'x\n', f'--workdir={missing}')
+  assert result.returncode == 2 and str(missing) in result.stderr.decode()
+  with pytest.raises(checkpoint.CheckpointError, match='nope'):
+    Translator.from_workdir(str(missing))
+  # A copy of the workdir whose only checkpoint is garbage.
+  import shutil
+  broken = tmp_path / 'broken'
+  shutil.copytree(workdir, broken)
+  for f in (broken / 'checkpoints').rglob('*'):
+    if f.is_file():
+      f.write_bytes(b'\0garbage')
+  with pytest.raises(checkpoint.CheckpointError, match='broken'):
+    Translator.from_workdir(str(broken))

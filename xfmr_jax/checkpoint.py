@@ -1,0 +1,93 @@
+"""Orbax checkpoints: the train state, the data iterator position and the config.
+
+Checkpoints live in ``<workdir>/checkpoints/<step>/``; each holds ``state``
+(parameters, optimiser state, step, RNG), ``data`` (the input iterator's state,
+JSON) and ``config`` (JSON). The last ``keep`` are kept, plus the best by
+validation BLEU. Saving is asynchronous. Restoring walks from the newest step to
+older ones and skips a damaged or incomplete checkpoint with a warning.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as policies
+
+
+class CheckpointError(RuntimeError):
+  """No checkpoint in a directory could be restored."""
+
+
+def _bleu(metrics):
+  return metrics.get('bleu') if metrics else None
+
+
+class Checkpointer:
+  """A thin wrapper over ``ocp.CheckpointManager`` for one training run."""
+
+  def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
+    self.directory = os.path.abspath(directory)
+    preserve = policies.AnyPreservationPolicy([
+        policies.LatestN(n=keep),
+        policies.BestN(get_metric_fn=_bleu, reverse=False, n=1,
+                       keep_checkpoints_without_metrics=False)])
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=preserve, enable_async_checkpointing=async_save,
+        create=True)
+    self.manager = ocp.CheckpointManager(
+        self.directory, item_names=('state', 'data', 'config'),
+        options=options)
+
+  def save(self, step: int, state, data_state: dict, config: dict,
+           metrics: dict | None = None) -> None:
+    """Start saving ``step`` (returns before the write finishes)."""
+    self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        data=ocp.args.JsonSave(data_state),
+        config=ocp.args.JsonSave(config)), metrics=metrics, force=True)
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def restore(self, abstract_state, step: int | None = None):
+    """Newest restorable ``(step, state, data_state, config)``, or ``None``.
+
+    Args:
+      abstract_state: a pytree of ``jax.ShapeDtypeStruct`` (with shardings
+        for a sharded restore) describing the state to restore into.
+      step: restore exactly this step (errors are raised, not skipped).
+    """
+    candidates = [step] if step is not None else self.steps()[::-1]
+    for s in candidates:
+      try:
+        out = self.manager.restore(s, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state),
+            data=ocp.args.JsonRestore(), config=ocp.args.JsonRestore()))
+        return s, out['state'], out['data'], out['config']
+      except Exception as e:  # a damaged checkpoint fails in many ways
+        if step is not None:
+          raise CheckpointError(
+              f'checkpoint {s} in {self.directory} cannot be restored: '
+              f'{type(e).__name__}: {e}') from e
+        logging.warning('checkpoint %d in %s is damaged or incomplete (%s: '
+                        '%s); trying the previous one', s, self.directory,
+                        type(e).__name__, str(e).splitlines()[0][:200])
+    if candidates:
+      raise CheckpointError(f'no checkpoint in {self.directory} could be '
+                            f'restored (tried steps {candidates})')
+    return None
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def abstract_like(tree) -> Any:
+  """``ShapeDtypeStruct`` pytree (keeping shardings) of a concrete pytree."""
+  return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
