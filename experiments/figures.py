@@ -1,0 +1,149 @@
+"""Write the notebooks' pictures as PNG files from the command line.
+
+    python -m experiments.figures --out_dir=figures [--workdir=workdir/toy]
+
+Always writes (no training needed): ``architecture.png`` (figure 1 with the
+library's function names), ``attention_scaling.png`` (the sqrt(d_k) argument),
+``masks.png``, ``positional_encoding_heatmap.png``,
+``positional_encoding_dot_product.png``, ``permutation_equivariance.png`` and
+``attention_complexity.png`` (time and memory against sequence length,
+measured on this machine). With ``--workdir`` of a trained run it also writes
+``training_curve.png``, ``cross_attention.png`` (decoder cross-attention of one
+toy sentence over the reference word alignment) and ``encoder_self_attention.png``.
+``--only=name,name`` limits the set (names without ``.png``).
+"""
+from __future__ import annotations
+
+import os
+
+from absl import app, flags
+import numpy as np
+
+from xfmr_jax import viz
+
+_OUT_DIR = flags.DEFINE_string('out_dir', 'figures', 'Where to write the PNGs.')
+_WORKDIR = flags.DEFINE_string('workdir', None,
+                               'A training workdir for the trained-model figures.')
+_ONLY = flags.DEFINE_list('only', None, 'Write only these figures.')
+_SENTENCE = flags.DEFINE_string(
+    'sentence', None, 'Toy source sentence for the attention figures '
+    '(default: the first test sentence with a relative clause).')
+
+# A toy source sentence whose translation reorders a lot: the verb moves to the
+# end, the relative clause moves before its noun.
+EXAMPLE_SENTENCE = 'drag glipos that vol fodibri lod plowad'
+
+
+def untrained_figures(out_dir: str, only=None) -> list[str]:
+  """Figures computed from the library's functions alone."""
+  from xfmr_jax import positional
+  want = lambda name: only is None or name in only
+  paths = []
+  path = lambda name: os.path.join(out_dir, name + '.png')
+  if want('architecture'):
+    paths.append(viz.save(viz.architecture_diagram(), path('architecture')))
+  if want('attention_scaling'):
+    axes, _ = viz.score_histograms()
+    paths.append(viz.save(axes, path('attention_scaling')))
+  if want('masks'):
+    paths.append(viz.save(viz.mask_gallery(), path('masks')))
+  pe = np.asarray(positional.sinusoidal_encoding(np.arange(100), 128))
+  if want('positional_encoding_heatmap'):
+    paths.append(viz.save(viz.positional_heatmap(pe),
+                          path('positional_encoding_heatmap')))
+  if want('positional_encoding_dot_product'):
+    paths.append(viz.save(viz.position_similarity(pe, (0, 25, 50)),
+                          path('positional_encoding_dot_product')))
+  if want('permutation_equivariance'):
+    paths.append(viz.save(viz.equivariance_plot(viz.permutation_errors()),
+                          path('permutation_equivariance')))
+  if want('attention_complexity'):
+    paths.append(viz.save(viz.complexity_plot(viz.attention_cost()),
+                          path('attention_complexity')))
+  return paths
+
+
+def attention_example(model, params, tokenizer, source: str):
+  """Greedy-translate ``source`` and return its attention maps and labels.
+
+  Returns:
+    dict with ``maps`` (see :func:`xfmr_jax.decode.attention_maps`, batch of
+    one, trimmed to the real tokens), ``source_pieces``, ``output_pieces``,
+    ``translation`` and ``alignment`` (reference word alignment mapped to
+    tokens, or None if ``source`` is not a toy-language sentence).
+  """
+  from xfmr_jax import decode
+  from xfmr_jax.data import toy_language
+  from xfmr_jax.tokenizer import EOS
+  ids = tokenizer.encode(source) + [EOS]
+  inputs = np.asarray([ids], np.int32)
+  out = np.asarray(decode.greedy_decode(model, params, inputs,
+                                        max_decode_len=len(ids) + 20))[0]
+  n_out = int(np.argmax(out == EOS)) + 1 if (out == EOS).any() else len(out)
+  outputs = out[None, :n_out]
+  maps = {k: np.asarray(v) for k, v in
+          decode.attention_maps(model, params, inputs, outputs).items()}
+  piece = tokenizer.id_to_piece
+  src_pieces = [piece(int(i)) for i in ids]
+  out_pieces = [piece(int(i)) for i in outputs[0]]
+  alignment = None
+  try:
+    language = toy_language.LANGUAGE
+    _, _, words = language.pair(language.parse(source))
+    # The final EOS tokens are aligned too (they end both sentences).
+    alignment = viz.token_alignment(src_pieces[:-1], out_pieces[:-1], words)
+    alignment.append((len(out_pieces) - 1, len(src_pieces) - 1))
+  except Exception:  # pylint: disable=broad-except  # not a toy sentence
+    pass
+  return dict(maps=maps, source_pieces=src_pieces, output_pieces=out_pieces,
+              translation=tokenizer.decode(outputs[0]), alignment=alignment)
+
+
+def trained_figures(out_dir: str, workdir: str, sentence: str | None = None,
+                    only=None) -> list[str]:
+  """Figures of a trained model in ``workdir``."""
+  from xfmr_jax import trainer
+  want = lambda name: only is None or name in only
+  path = lambda name: os.path.join(out_dir, name + '.png')
+  paths = []
+  if want('training_curve'):
+    paths.append(viz.save(viz.training_curve(viz.read_metrics(workdir)),
+                          path('training_curve')))
+  if not (want('cross_attention') or want('encoder_self_attention')):
+    return paths
+  model, params, tokenizer, _ = trainer.load_for_inference(workdir)
+  ex = attention_example(model, params, tokenizer, sentence or EXAMPLE_SENTENCE)
+  cross = ex['maps']['decoder_cross'][:, 0]           # [layers, heads, t, s]
+  if want('cross_attention'):
+    import matplotlib.pyplot as plt
+    layers = cross.shape[0]
+    _, axes = plt.subplots(1, layers, figsize=(6 * layers, 5), squeeze=False)
+    for layer, ax in enumerate(axes[0]):
+      viz.attention_map(cross[layer].mean(0), ex['output_pieces'],
+                        ex['source_pieces'], ax=ax, alignment=ex['alignment'],
+                        title=f'decoder layer {layer}: cross-attention '
+                        '(mean of heads)')
+    paths.append(viz.save(axes, path('cross_attention')))
+  if want('encoder_self_attention'):
+    enc = ex['maps']['encoder_self'][-1, 0]             # [heads, s, s]
+    paths.append(viz.save(viz.attention_heads(
+        enc, ex['source_pieces'], ex['source_pieces'],
+        title='encoder self-attention, last layer'),
+        path('encoder_self_attention')))
+  return paths
+
+
+def main(argv):
+  del argv
+  os.makedirs(_OUT_DIR.value, exist_ok=True)
+  only = set(_ONLY.value) if _ONLY.value else None
+  paths = untrained_figures(_OUT_DIR.value, only)
+  if _WORKDIR.value:
+    paths += trained_figures(_OUT_DIR.value, _WORKDIR.value, _SENTENCE.value,
+                             only)
+  for p in paths:
+    print(f'wrote {p}')
+
+
+if __name__ == '__main__':
+  app.run(main)
