@@ -21,6 +21,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+log = logging.getLogger(__name__)
+
 PAD, EOS, UNK = 0, 1, 2
 MODEL_FILENAME = 'tokenizer.model'
 
@@ -72,7 +74,7 @@ class Tokenizer:
         num_threads=num_threads or os.cpu_count() or 1,
         minloglevel=2)  # silence SentencePiece's stderr log
     tok = cls(model.getvalue())
-    logging.info('trained %s tokenizer: %d pieces from %d texts in %.1f s',
+    log.info('trained %s tokenizer: %d pieces from %d texts in %.1f s',
                  model_type, tok.vocab_size, len(sample), time.time() - start)
     if workdir is not None:
       tok.save(workdir)

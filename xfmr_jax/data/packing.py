@@ -24,6 +24,8 @@ from typing import Optional
 import grain
 import numpy as np
 
+log = logging.getLogger(__name__)
+
 KEYS = ('inputs', 'targets', 'inputs_segmentation', 'targets_segmentation',
         'inputs_position', 'targets_position')
 
@@ -134,7 +136,7 @@ class PackedBatchIterator(grain.DatasetIterator):
     self.stats[what] += 1
     n = self.stats[what]
     if n & (n - 1) == 0:  # log at 1, 2, 4, 8, ... so the log stays short
-      logging.warning('%s %d pairs longer than max_length=%d so far '
+      log.warning('%s %d pairs longer than max_length=%d so far '
                       '(%d pairs packed)', what, n, self.max_length,
                       self.stats['pairs'])
 

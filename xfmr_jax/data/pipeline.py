@@ -23,6 +23,8 @@ from xfmr_jax.data import packing
 from xfmr_jax.data.packing import unpack  # noqa: F401  (re-exported)
 from xfmr_jax.tokenizer import EOS, Tokenizer
 
+log = logging.getLogger(__name__)
+
 READ_CHUNK = 256  # pairs per batched read; small enough to shuffle finely
 
 
@@ -118,6 +120,6 @@ def make_eval_batches(source, tokenizer: Tokenizer, *, batch_size: int,
     batch['target_text'] = [p[1] for p in pairs] + pad
     batches.append(batch)
   if truncated:
-    logging.warning('evaluation: truncated %d of %d pairs to max_length=%d',
+    log.warning('evaluation: truncated %d of %d pairs to max_length=%d',
                     truncated, n, max_length)
   return batches

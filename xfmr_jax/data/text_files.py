@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 
+log = logging.getLogger(__name__)
+
 
 class DataError(ValueError):
   """Bad input data; the message names the file and line (or the split)."""
@@ -74,7 +76,7 @@ class TextPairSource:
         self.pairs.append((t, s) if reverse else (s, t))
     if self.skipped:
       shown = ', '.join(f'{p}:{n} ({r})' for p, n, r in self.skipped[:5])
-      logging.warning('skipped %d of %d lines with an empty side: %s%s',
+      log.warning('skipped %d of %d lines with an empty side: %s%s',
                       len(self.skipped), len(rows), shown,
                       ' ...' if len(self.skipped) > 5 else '')
 

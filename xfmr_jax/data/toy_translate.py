@@ -26,6 +26,8 @@ import tensorflow_datasets as tfds
 
 from xfmr_jax.data import toy_language
 
+log = logging.getLogger(__name__)
+
 SHORT_LENGTHS = (3, 30)  # words, inclusive
 LONG_LENGTHS = (31, 60)
 
@@ -122,5 +124,5 @@ def build_toy_dataset(data_dir: str | None = None, *, config: str | None = None,
   if not builder.is_prepared():
     start = time.time()
     builder.download_and_prepare(file_format='array_record')
-    logging.info('built %s in %.1f s', builder.data_path, time.time() - start)
+    log.info('built %s in %.1f s', builder.data_path, time.time() - start)
   return builder
