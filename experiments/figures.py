@@ -27,11 +27,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None,
 _ONLY = flags.DEFINE_list('only', None, 'Write only these figures.')
 _SENTENCE = flags.DEFINE_string(
     'sentence', None, 'Toy source sentence for the attention figures '
-    '(default: the first test sentence with a relative clause).')
-
-# A toy source sentence whose translation reorders a lot: the verb moves to the
-# end, the relative clause moves before its noun.
-EXAMPLE_SENTENCE = 'drag glipos that vol fodibri lod plowad'
+    f'(default: {viz.EXAMPLE_SENTENCE!r}).')
 
 
 def untrained_figures(out_dir: str, only=None) -> list[str]:
@@ -63,42 +59,6 @@ def untrained_figures(out_dir: str, only=None) -> list[str]:
   return paths
 
 
-def attention_example(model, params, tokenizer, source: str):
-  """Greedy-translate ``source`` and return its attention maps and labels.
-
-  Returns:
-    dict with ``maps`` (see :func:`xfmr_jax.decode.attention_maps`, batch of
-    one, trimmed to the real tokens), ``source_pieces``, ``output_pieces``,
-    ``translation`` and ``alignment`` (reference word alignment mapped to
-    tokens, or None if ``source`` is not a toy-language sentence).
-  """
-  from xfmr_jax import decode
-  from xfmr_jax.data import toy_language
-  from xfmr_jax.tokenizer import EOS
-  ids = tokenizer.encode(source) + [EOS]
-  inputs = np.asarray([ids], np.int32)
-  out = np.asarray(decode.greedy_decode(model, params, inputs,
-                                        max_decode_len=len(ids) + 20))[0]
-  n_out = int(np.argmax(out == EOS)) + 1 if (out == EOS).any() else len(out)
-  outputs = out[None, :n_out]
-  maps = {k: np.asarray(v) for k, v in
-          decode.attention_maps(model, params, inputs, outputs).items()}
-  piece = tokenizer.id_to_piece
-  src_pieces = [piece(int(i)) for i in ids]
-  out_pieces = [piece(int(i)) for i in outputs[0]]
-  alignment = None
-  try:
-    language = toy_language.LANGUAGE
-    _, _, words = language.pair(language.parse(source))
-    # The final EOS tokens are aligned too (they end both sentences).
-    alignment = viz.token_alignment(src_pieces[:-1], out_pieces[:-1], words)
-    alignment.append((len(out_pieces) - 1, len(src_pieces) - 1))
-  except Exception:  # pylint: disable=broad-except  # not a toy sentence
-    pass
-  return dict(maps=maps, source_pieces=src_pieces, output_pieces=out_pieces,
-              translation=tokenizer.decode(outputs[0]), alignment=alignment)
-
-
 def trained_figures(out_dir: str, workdir: str, sentence: str | None = None,
                     only=None) -> list[str]:
   """Figures of a trained model in ``workdir``."""
@@ -112,7 +72,8 @@ def trained_figures(out_dir: str, workdir: str, sentence: str | None = None,
   if not (want('cross_attention') or want('encoder_self_attention')):
     return paths
   model, params, tokenizer, _ = trainer.load_for_inference(workdir)
-  ex = attention_example(model, params, tokenizer, sentence or EXAMPLE_SENTENCE)
+  ex = viz.translation_attention(model, params, tokenizer,
+                                 sentence or viz.EXAMPLE_SENTENCE)
   cross = ex['maps']['decoder_cross'][:, 0]           # [layers, heads, t, s]
   if want('cross_attention'):
     import matplotlib.pyplot as plt

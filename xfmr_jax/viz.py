@@ -8,7 +8,8 @@ they draw with the library's own functions (``score_histograms``,
 then a measurement of this code, not an illustration.
 
   training     read_metrics, training_curve
-  attention    attention_map, attention_heads, token_alignment
+  attention    attention_map, attention_heads, token_alignment,
+               translation_attention
   anatomy      score_histograms, mask_image, mask_gallery, positional_heatmap,
                position_similarity, permutation_errors, equivariance_plot,
                attention_cost, complexity_plot
@@ -164,6 +165,51 @@ def token_alignment(source_pieces, target_pieces, word_alignment,
   return sorted({(int(j), int(i)) for s, t in word_alignment
                  for j in np.flatnonzero(tgt == t)
                  for i in np.flatnonzero(src == s)})
+
+
+# A toy source sentence whose translation reorders a lot: the verb goes to the
+# end, the relative clause ("that ...") before its noun, the adjectives after it.
+EXAMPLE_SENTENCE = 'drag glipos that vol fodibri lod plowad'
+
+
+def translation_attention(model, params, tokenizer, source: str):
+  """Greedy-translate ``source`` and return its attention maps and labels.
+
+  Returns:
+    dict with ``maps`` (see :func:`xfmr_jax.decode.attention_maps`, batch of
+    one, trimmed to the real tokens), ``source_pieces``, ``output_pieces``,
+    ``translation``, ``reference`` and ``alignment`` (the reference word
+    alignment mapped to tokens; None unless ``source`` is a toy-language
+    sentence and the translation equals its reference).
+  """
+  from xfmr_jax import decode
+  from xfmr_jax.data import toy_language
+  from xfmr_jax.tokenizer import EOS
+  ids = tokenizer.encode(source) + [EOS]
+  inputs = np.asarray([ids], np.int32)
+  out = np.asarray(decode.greedy_decode(model, params, inputs,
+                                        max_decode_len=len(ids) + 20))[0]
+  n_out = int(np.argmax(out == EOS)) + 1 if (out == EOS).any() else len(out)
+  outputs = out[None, :n_out]
+  maps = {k: np.asarray(v) for k, v in
+          decode.attention_maps(model, params, inputs, outputs).items()}
+  piece = tokenizer.id_to_piece
+  src_pieces = [piece(int(i)) for i in ids]
+  out_pieces = [piece(int(i)) for i in outputs[0]]
+  translation = tokenizer.decode(outputs[0])
+  alignment = reference = None
+  try:
+    language = toy_language.LANGUAGE
+    _, reference, words = language.pair(language.parse(source))
+  except Exception:  # pylint: disable=broad-except  # not a toy sentence
+    words = None
+  if words is not None and translation == reference:
+    alignment = token_alignment(src_pieces[:-1], out_pieces[:-1], words)
+    # The final EOS tokens are aligned too (they end both sentences).
+    alignment.append((len(out_pieces) - 1, len(src_pieces) - 1))
+  return dict(maps=maps, source_pieces=src_pieces, output_pieces=out_pieces,
+              translation=translation, reference=reference,
+              alignment=alignment)
 
 
 # ------------------------------------------------------------------ anatomy --
