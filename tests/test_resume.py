@@ -96,3 +96,21 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(data_dir, tmp_path):
   saved = checkpoints(tmp_path)
   assert len(saved) == 1 and 3 <= saved[0] < 100000, (saved, out)
   assert 'SIGTERM' in out
+
+
+def test_unknown_config_field_is_rejected_before_training(data_dir, tmp_path):
+  cmd = command(data_dir, tmp_path) + ['--config.no_such_field=3']
+  result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode != 0
+  assert 'no_such_field' in result.stderr
+  assert not (tmp_path / 'checkpoints').exists()
+
+
+def test_bad_value_is_rejected_with_a_clear_message(data_dir, tmp_path):
+  cmd = command(data_dir, tmp_path) + ['--config.model.num_heads=3']
+  result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == 2
+  assert 'not divisible' in result.stderr
+  assert not (tmp_path / 'checkpoints').exists()

@@ -212,3 +212,34 @@ def test_gradient_accumulation_equals_one_big_batch(rng):
   # the mean gradient of the whole batch.
   for a, b in zip(*map(jax.tree.leaves, results)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_bfloat16_compute_keeps_float32_parameters(data_dir, rng):
+  cfg = tiny_config(data_dir)
+  cfg.model.dtype = 'bfloat16'
+  model, tx = trainer.build(cfg, 50)
+  state = jax.jit(lambda: train.init_state(model, tx, 0))()
+  train_fn, _ = train.jit_steps(model, tx, 0.1)
+  batch = {'inputs': rng.integers(3, 50, (4, 6)).astype(np.int32),
+           'targets': rng.integers(3, 50, (4, 5)).astype(np.int32)}
+  losses_ = []
+  for _ in range(5):
+    state, metrics = train_fn(state, batch)
+    losses_.append(float(metrics['loss']) / float(metrics['tokens']))
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(state.params))
+  assert np.all(np.isfinite(losses_)) and losses_[-1] < losses_[0]
+
+
+def test_best_checkpoint_by_bleu_is_kept_beside_the_latest(data_dir, tmp_path):
+  cfg = tiny_config(data_dir, num_train_steps=30, eval_every=10,
+                    checkpoint_every=10, keep_checkpoints=1)
+  trainer.train_and_evaluate(cfg, str(tmp_path))
+  evals = {r['step']: r['bleu'] for r in map(json.loads,
+                                               open(tmp_path / 'metrics.jsonl'))
+           if r['split'] == 'eval'}
+  assert sorted(evals) == [10, 20]
+  best = max(evals.values())
+  kept = sorted(int(p.name) for p in (tmp_path / 'checkpoints').iterdir()
+                if p.name.isdigit())
+  assert kept[-1] == 30 and len(kept) == 2
+  assert evals[kept[0]] == best
