@@ -1,4 +1,5 @@
-"""The Colab notebooks: committed without outputs, and they run top to bottom.
+"""The Colab notebooks: committed without outputs, and they run top to bottom;
+the command line writes the same pictures.
 
 Each notebook is executed headless with nbclient in its reduced mode
 (``XFMR_QUICK=1``: a tiny model, few steps, short sequences) on this
@@ -78,3 +79,21 @@ def test_notebook_runs(path, kernel_name, monkeypatch, tmp_path):
   images = _images(nb)
   assert images >= MIN_FIGURES[path.name], (
       f'{path.name} drew {images} figures, expected >= {MIN_FIGURES[path.name]}')
+
+
+def test_figures_script_writes_pngs(tmp_path):
+  """The notebooks' pictures also come from the command line."""
+  import subprocess
+  import matplotlib.image as mpimg
+  import numpy as np
+  names = ('architecture', 'masks', 'attention_scaling')
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.figures', f'--out_dir={tmp_path}',
+       f'--only={",".join(names)}'],
+      capture_output=True, text=True, timeout=180, cwd=COLAB.parent)
+  assert result.returncode == 0, result.stderr
+  for name in names:
+    image = mpimg.imread(tmp_path / f'{name}.png')
+    assert image.shape[0] > 200 and image.shape[1] > 200
+    assert np.std(image[..., :3]) > 0.01  # not a blank canvas
+    assert f'{name}.png' in result.stdout
