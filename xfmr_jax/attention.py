@@ -79,7 +79,7 @@ def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
   weights = attention_weights(query, key, mask, bias)
   probs = weights
   if dropout_rate > 0.0 and dropout_rng is not None:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+    from xfmr_jax.layers import dropout  # layers imports this module
+    probs = dropout(probs, dropout_rate, dropout_rng)
   out = jnp.einsum('bhqk,bkhd->bqhd', probs.astype(value.dtype), value)
   return (out, weights) if return_weights else out

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 
 from xfmr_jax import masks, positional
 from xfmr_jax.config import ModelConfig
-from xfmr_jax.layers import MultiHeadAttention, FeedForward, Norm, Sublayer
+from xfmr_jax.layers import (Dropout, FeedForward, MultiHeadAttention, Norm,
+                             Sublayer)
 
 
 class EncoderLayer(nn.Module):
@@ -166,7 +167,7 @@ class Transformer(nn.Module):
     self.source_embed = Embedder(cfg, cfg.vocab_size)
     self.target_embed = (self.source_embed if cfg.share_embeddings else
                          Embedder(cfg, cfg.vocab_size))
-    self.embed_dropout = nn.Dropout(cfg.dropout_rate)
+    self.embed_dropout = Dropout(cfg.dropout_rate)
     self.encoder_layers = _stack(EncoderLayer, cfg, cfg.num_encoder_layers, 2,
                                  'encoder')
     # Broadcast: encoded, self_mask, cross_mask, deterministic (static),
