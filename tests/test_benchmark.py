@@ -1,0 +1,84 @@
+"""The benchmark and the GPU check run end to end in a tiny quick mode."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments import benchmark
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _check_train(row, with_torch):
+  assert row['model_flops_per_step'] > 0 and row['matmul_peak_flops'] > 0
+  main = row['runs']['main']
+  for key in ('step_s', 'tokens_per_s', 'mfu', 'compile_s', 'first_step_s'):
+    assert main[key] > 0, key
+  assert main['mfu'] < 2.0   # sane: the step cannot beat the matmul peak by 2x
+  assert main['tokens_per_s'] == pytest.approx(
+      row['tokens_per_step'] / main['step_s'])
+  assert main['memory']['xla_step_bytes'] > 0
+  assert ('torch' in row['runs']) == with_torch
+  if with_torch:
+    assert row['ratio_vs_torch']['main'] > 0
+
+
+def test_benchmark_quick(tmp_path):
+  path = tmp_path / 'bench.json'
+  res = benchmark.main(['--quick', '--variants', 'tiny', '--json', str(path)])
+  on_disk = json.loads(path.read_text())
+  assert on_disk['train'][0]['size'] == 'tiny'
+  with_torch = benchmark.torch_available()
+  assert ('torch_skipped' in on_disk) != with_torch
+  _check_train(on_disk['train'][0], with_torch)
+  dec = on_disk['decode'][0]
+  for name in ('greedy_cached', 'beam4_cached', 'greedy_naive'):
+    run = dec['runs'][name]
+    assert run['tokens_per_s'] > 0
+    assert 0 < run['generated_tokens'] <= dec['batch'] * dec['output_length']
+  assert dec['cached_vs_naive'] > 0
+  assert 'machine' in res and 'memory_method' in res
+  runs = on_disk['train'][0]['runs']
+  assert {'main', 'no_dropout', 'scan', 'remat'} <= set(runs)
+  assert all(runs[k]['step_s'] > 0 for k in ('no_dropout', 'scan', 'remat'))
+
+
+def test_without_torch_it_says_so(monkeypatch):
+  monkeypatch.setattr(benchmark, 'torch_available', lambda: False)
+  res = benchmark.main(['--sizes', '', '--variants', 'none'])
+  assert 'not installed' in res['torch_skipped']
+  assert res['train'] == [] and res['decode'] == []
+  with pytest.raises(SystemExit):
+    benchmark.parse_args(['--sizes', 'huge'])
+
+
+def test_flops_count():
+  cfg = benchmark.config_lib.ModelConfig(**benchmark.SIZES['base']['model'])
+  flops = benchmark.train_flops(cfg, 16, 64, 64)
+  # 6 * (matmul parameters) * tokens dominates: ~44M decoder+encoder weights
+  # seen by 1024 tokens each side, plus the 16.4M-weight output projection.
+  assert 3.0e11 < flops < 4.5e11
+
+
+def test_gpu_check_falls_back_on_cpu(tmp_path):
+  path = tmp_path / 'gpu.json'
+  env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS='cpu')
+  proc = subprocess.run(
+      ['bash', os.path.join(ROOT, 'experiments', 'gpu_check.sh'), '--quick',
+       '--json', str(path)], env=env, capture_output=True, text=True,
+      timeout=240)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert 'fell back' in proc.stdout
+  res = json.loads(path.read_text())
+  assert res['mode'] == 'gpu_check' and res['backend'] == 'cpu'
+  assert 'fell_back' in res
+  train = res['train'][0]
+  assert train['runs']['main']['mfu'] > 0
+  impls = res['attention']['impls']
+  assert impls['reference_einsum']['available']
+  assert impls['jax_nn_xla']['available']
+  assert impls['jax_nn_xla']['max_abs_grad_diff_vs_reference'] < 1e-3
+  assert not impls['jax_nn_cudnn']['available']   # no cuDNN on a CPU
+  assert res['decode'][0]['runs']['greedy_cached']['tokens_per_s'] > 0
