@@ -12,6 +12,11 @@ included where produced and 0 after it. The pad id is never emitted: in the
 teacher-forced model a 0 target is padding (masked out), so emitting it would
 make the cached decoder and the full model disagree.
 
+Under a mesh (``with sharding.use(mesh, rules):`` around the call, or
+:func:`xfmr_jax.sharding.jit_decode` for explicit shardings) the batch is
+split over the mesh's data axes, the parameters stay as they are laid out, and
+the outputs come back replicated, so every process can read them.
+
 Sizes (``max_decode_len``, ``beam_size``, sampling settings) are static, so a
 batch of a given padded shape compiles once; ``TRACE_COUNTS[name]`` counts the
 traces (= compilations) of each function, cheaply, for callers that bucket.
@@ -34,6 +39,16 @@ TRACE_COUNTS: collections.Counter = collections.Counter()
 
 
 # ----------------------------------------------------------------- helpers --
+
+def _split_rows(inputs):
+  """``[batch, s]``: rows over the data axes when a mesh and rules are active."""
+  return nn.with_logical_constraint(inputs, ('batch', 'length'))
+
+
+def _replicated(x):
+  """Outputs whole on every device (no-op without a mesh and rules)."""
+  return nn.with_logical_constraint(x, (None,) * x.ndim)
+
 
 def _variables(params):
   """Accept a params tree or a full ``{'params': ...}`` variables dict."""
@@ -113,11 +128,13 @@ def _autoregress(batch, length, carry, next_logits, pick):
 
 def _cached_loop(model, params, inputs, max_decode_len, pick):
   variables = _variables(params)
+  inputs = _split_rows(inputs)
   length = decode_length(model.config, inputs.shape[1], max_decode_len)
   cache = _init_cache(model, variables, inputs, length)
   next_logits = lambda cache, out, t: _step(model, variables, cache, inputs,
                                             out, t, length)
-  return _autoregress(inputs.shape[0], length, cache, next_logits, pick)
+  return _replicated(_autoregress(inputs.shape[0], length, cache, next_logits,
+                                  pick))
 
 
 def _argmax(logits, t):
@@ -287,6 +304,7 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
   """
   TRACE_COUNTS['beam_search'] += 1
   variables = _variables(params)
+  inputs = _split_rows(inputs)
   length = decode_length(model.config, inputs.shape[1], max_decode_len)
   batch, k = inputs.shape[0], beam_size
   # The encoder and the cross-attention K/V run once per sentence; the cache
@@ -327,7 +345,9 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
                   length_penalty(length, alpha))
   finished = beams['fin_scores'][:, 0] > NEG_INF / 2
   tokens = jnp.where(finished[:, None], beams['fin_seqs'][:, 0], alive_seqs)
-  return tokens, jnp.where(finished, beams['fin_scores'][:, 0], alive_scores)
+  return (_replicated(tokens),
+          _replicated(jnp.where(finished, beams['fin_scores'][:, 0],
+                                alive_scores)))
 
 
 # ------------------------------------------------------ scoring and maps --

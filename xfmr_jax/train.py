@@ -41,16 +41,25 @@ def model_inputs(batch: dict) -> dict:
   return {k: batch[k] for k in MODEL_KEYS if k in batch}
 
 
-def init_state(model: Transformer, tx: optax.GradientTransformation,
-               seed: int, length: int = 8) -> TrainState:
-  """Fresh state. Call under ``jax.jit`` (with ``out_shardings`` when sharded)."""
+def boxed_init_state(model: Transformer, tx: optax.GradientTransformation,
+                     seed: int, length: int = 8) -> TrainState:
+  """Fresh state whose params and optimiser moments are still ``nn.Partitioned``
+  boxes carrying their logical axis names (``nn.get_partition_spec`` reads
+  them; :mod:`xfmr_jax.sharding` turns them into shardings)."""
   params_key, dropout_key = jax.random.split(jax.random.key(seed))
   dummy = jnp.ones((1, length), jnp.int32)
-  params = nn.unbox(model.init(params_key, dummy, dummy)['params'])
+  params = model.init(params_key, dummy, dummy)['params']
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=tx.init(params),
                     rng=jax.random.key_data(dropout_key),
                     bad_step=jnp.full((), -1, jnp.int32))
+
+
+def init_state(model: Transformer, tx: optax.GradientTransformation,
+               seed: int, length: int = 8) -> TrainState:
+  """Fresh state. Call under ``jax.jit``; for a sharded state use
+  :func:`xfmr_jax.sharding.create_train_state` (``jit`` with ``out_shardings``)."""
+  return nn.unbox(boxed_init_state(model, tx, seed, length))
 
 
 def _loss_fn(params, batch, model, dropout_key, label_smoothing):
@@ -107,12 +116,31 @@ def eval_step(params, batch: dict, *, model: Transformer,
 
 
 def jit_steps(model: Transformer, tx: optax.GradientTransformation,
-              label_smoothing: float, nan_at_step: int = -1):
-  """The jitted ``(train_step, eval_step)``; the train state is donated."""
-  train = jax.jit(functools.partial(train_step, model=model, tx=tx,
-                                    label_smoothing=label_smoothing,
-                                    nan_at_step=nan_at_step),
-                  donate_argnums=0)
-  evaluate = jax.jit(functools.partial(eval_step, model=model,
-                                       label_smoothing=label_smoothing))
+              label_smoothing: float, nan_at_step: int = -1, *, mesh=None,
+              state_shardings=None, rules=None):
+  """The jitted ``(train_step, eval_step)``; the train state is donated.
+
+  With ``mesh`` (and the ``state_shardings`` of
+  :func:`xfmr_jax.sharding.create_train_state`) both are jitted with explicit
+  shardings: the state keeps its layout, batches are split over the data axes
+  and the metrics come back replicated; activations follow ``rules``.
+  """
+  train = functools.partial(train_step, model=model, tx=tx,
+                            label_smoothing=label_smoothing,
+                            nan_at_step=nan_at_step)
+  evaluate = functools.partial(eval_step, model=model,
+                               label_smoothing=label_smoothing)
+  if mesh is None:
+    return jax.jit(train, donate_argnums=0), jax.jit(evaluate)
+  from xfmr_jax import sharding  # pylint: disable=g-import-not-at-top
+  rules = sharding.RULES if rules is None else rules
+  if state_shardings is None:
+    state_shardings = sharding.state_shardings(model, tx, mesh, rules)
+  batch, rep = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+  train = jax.jit(sharding.traced_under(train, mesh, rules),
+                  in_shardings=(state_shardings, batch),
+                  out_shardings=(state_shardings, rep), donate_argnums=0)
+  evaluate = jax.jit(sharding.traced_under(evaluate, mesh, rules),
+                     in_shardings=(state_shardings.params, batch),
+                     out_shardings=rep)
   return train, evaluate
