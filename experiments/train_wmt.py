@@ -5,6 +5,11 @@ configs: ``--config=experiments/configs/wmt14_ende_base.py`` (or ``_big``);
 override any field with ``--config.<field>=<value>``, e.g.
 ``--config.num_train_steps=500 --config.model.d_model=128``. Running again with
 the same ``--workdir`` resumes from its newest valid checkpoint.
+
+Sharding: ``--config.parallelism=fsdp`` (or dp, tp, fsdp_tp) or
+``--config.mesh_shape='(2,4,1)'`` (data, fsdp, model). On several hosts run the
+same command on each, adding ``--config.coordinator_address=HOST0:1234
+--config.num_processes=N --config.process_id=I`` (automatic on TPU pods).
 """
 from __future__ import annotations
 
@@ -36,12 +41,17 @@ def main(argv):
   logging.getLogger('xfmr_jax').setLevel(logging.INFO)
   logging.getLogger('xfmr_jax').addHandler(logging.StreamHandler())
   logging.getLogger('xfmr_jax').propagate = False
-  from xfmr_jax import trainer  # after flag parsing: keeps --help fast
+  from xfmr_jax import sharding, trainer  # after flag parsing: fast --help
+  config = _CONFIG.value
+  # Before anything touches a device: one process per host joins the others.
+  sharding.initialize_distributed(config.coordinator_address,
+                                  config.num_processes, config.process_id,
+                                  config.distributed)
   config_path = flags.FLAGS['config'].config_filename
   name = os.path.splitext(os.path.basename(config_path))[0]
   workdir = _WORKDIR.value or os.path.join('workdir', name)
   try:
-    metrics = trainer.train_and_evaluate(_CONFIG.value, workdir)
+    metrics = trainer.train_and_evaluate(config, workdir)
   except (trainer.ConfigError, trainer.NonFiniteError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)

@@ -1,18 +1,22 @@
 """Orbax checkpoints: the train state, the data iterator position and the config.
 
 Checkpoints live in ``<workdir>/checkpoints/<step>/``; each holds ``state``
-(parameters, optimiser state, step, RNG), ``data`` (the input iterator's state,
-JSON) and ``config`` (JSON). The last ``keep`` are kept, plus the best by
+(parameters, optimiser state, step, RNG; each process writes its own shards,
+and :func:`xfmr_jax.sharding.abstract_state` restores them onto any mesh),
+``data`` (the input iterator's state, JSON; with several processes one state
+per process, see :func:`gather_data_state`) and ``config`` (JSON). The last ``keep`` are kept, plus the best by
 validation BLEU. Saving is asynchronous. Restoring walks from the newest step to
 older ones and skips a damaged or incomplete checkpoint with a warning.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
@@ -91,3 +95,33 @@ class Checkpointer:
 def abstract_like(tree) -> Any:
   """``ShapeDtypeStruct`` pytree (keeping shardings) of a concrete pytree."""
   return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+
+
+def gather_data_state(local: dict) -> dict:
+  """The data-iterator state to save: ``local`` itself with one process, else
+  ``{'per_process': [state of process 0, 1, ...]}`` gathered from all of them
+  (each process reads its own shard of the data). Call on every process."""
+  if jax.process_count() == 1:
+    return local
+  from jax.experimental import multihost_utils
+  blob = np.frombuffer(json.dumps(local).encode(), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.int32(blob.size)))
+  buf = np.zeros(int(sizes.max()), np.uint8)
+  buf[:blob.size] = blob
+  blobs = np.asarray(multihost_utils.process_allgather(buf))
+  return {'per_process': [json.loads(blobs[i, :sizes[i]].tobytes())
+                          for i in range(len(sizes))]}
+
+
+def process_data_state(saved: dict) -> dict | None:
+  """This process's data-iterator state from a saved one (see
+  :func:`gather_data_state`), or ``None`` (with a warning) when the checkpoint
+  was written by a different number of processes: the data shards differ, so
+  the input pipeline starts afresh."""
+  states = saved['per_process'] if 'per_process' in saved else [saved]
+  if len(states) != jax.process_count():
+    logging.warning('checkpoint data position was saved by %d processes, this '
+                    'run has %d: the input pipeline starts from its beginning',
+                    len(states), jax.process_count())
+    return None
+  return states[jax.process_index()]

@@ -20,7 +20,7 @@ import numpy as np
 import sacrebleu
 import tqdm
 
-from xfmr_jax import checkpoint, data, optim, train
+from xfmr_jax import checkpoint, data, optim, sharding, train
 from xfmr_jax.config import ModelConfig
 from xfmr_jax.model import Transformer
 from xfmr_jax.tokenizer import Tokenizer
@@ -75,6 +75,7 @@ def validate_config(config) -> None:
     raise ConfigError(f'config.batch_size={config.batch_size} is not divisible '
                       f'by the {jax.process_count()} processes')
   model_config(config, config.vocab_size)  # model fields, heads | d_model
+  validate_sharding(config)
   kind, colon, spec = config.dataset.partition(':')
   if colon and kind in ('tsv', 'files'):
     for path in spec.split(','):
@@ -88,6 +89,27 @@ def validate_config(config) -> None:
                       "'wmt17_translate/de-en', 'tsv:PATH' or 'files:SRC,TGT'")
 
 
+def validate_sharding(config) -> tuple:
+  """The ``(data, fsdp, model)`` mesh shape for this run, or a ConfigError."""
+  try:
+    shape = sharding.resolve_mesh_shape(sharding.mesh_shape_from_config(config),
+                                        jax.device_count())
+    sharding.rules_from_config(config)
+  except (ValueError, TypeError) as e:
+    raise ConfigError(f'config.mesh_shape / parallelism / logical_axis_rules: '
+                      f'{e}') from None
+  rows = shape[0] * shape[1]  # the batch is split over data x fsdp
+  for name in ('batch_size', 'eval_batch_size'):
+    if config[name] % rows:
+      raise ConfigError(f'config.{name}={config[name]} is not divisible by '
+                        f'data x fsdp = {rows} (mesh {shape})')
+  if rows % jax.process_count():
+    raise ConfigError(f'data x fsdp = {rows} (mesh {shape}) must be a multiple '
+                      f'of the {jax.process_count()} processes, so that each '
+                      'process feeds its own rows')
+  return shape
+
+
 def _source(config, split: str):
   return data.get_source(config.dataset, split, config.data_dir or None,
                          reverse=config.reverse)
@@ -95,6 +117,20 @@ def _source(config, split: str):
 
 def get_tokenizer(config, workdir: str, train_source) -> Tokenizer:
   """The workdir's tokenizer, else ``tokenizer_path``, else a new one."""
+  if jax.process_count() > 1:  # every process must use process 0's tokenizer
+    from jax.experimental import multihost_utils
+    proto = (_get_tokenizer(config, workdir, train_source).model_proto
+             if jax.process_index() == 0 else b'')
+    size = int(multihost_utils.broadcast_one_to_all(np.int64(len(proto))))
+    buf = np.zeros(size, np.uint8)
+    if jax.process_index() == 0:
+      buf[:] = np.frombuffer(proto, np.uint8)
+    buf = multihost_utils.broadcast_one_to_all(buf)
+    return Tokenizer(np.asarray(buf, np.uint8).tobytes())
+  return _get_tokenizer(config, workdir, train_source)
+
+
+def _get_tokenizer(config, workdir: str, train_source) -> Tokenizer:
   saved = os.path.join(workdir, 'tokenizer.model')
   if os.path.exists(saved):
     return Tokenizer.load(saved)
@@ -118,11 +154,17 @@ def get_tokenizer(config, workdir: str, train_source) -> Tokenizer:
 
 # --------------------------------------------------------------- evaluation --
 
-def evaluate_loss(eval_fn, params, batches) -> dict:
-  """Per-token smoothed loss, NLL, perplexity and accuracy over ``batches``."""
+def evaluate_loss(eval_fn, params, batches, mesh=None) -> dict:
+  """Per-token smoothed loss, NLL, perplexity and accuracy over ``batches``.
+
+  With ``mesh``, each (whole, same on every process) batch is split over the
+  mesh's data axes.
+  """
   totals = None
   for batch in batches:
     arrays = {k: v for k, v in batch.items() if k in train.MODEL_KEYS}
+    if mesh is not None:
+      arrays = sharding.global_batch(arrays, mesh, replicated_input=True)
     metrics = jax.device_get(eval_fn(params, arrays))
     totals = metrics if totals is None else {
         k: totals[k] + metrics[k] for k in totals}
@@ -222,13 +264,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   eval_source = _source(config, config.eval_split)
   tokenizer = get_tokenizer(config, workdir, train_source)
   model, tx = build(config, tokenizer.vocab_size)
-  train_fn, eval_fn = train.jit_steps(model, tx, config.label_smoothing,
-                                      config.debug_nan_at_step)
-  init = jax.jit(lambda: train.init_state(model, tx, config.seed))
-  state = init()
+  mesh = sharding.make_mesh(sharding.mesh_shape_from_config(config))
+  rules = sharding.rules_from_config(config)
+  # Created already laid out over the mesh (one jit with out_shardings).
+  state, state_shardings = sharding.create_train_state(model, tx, config.seed,
+                                                       mesh, rules)
+  train_fn, eval_fn = train.jit_steps(
+      model, tx, config.label_smoothing, config.debug_nan_at_step, mesh=mesh,
+      state_shardings=state_shardings, rules=rules)
   n_params = sum(p.size for p in jax.tree.leaves(state.params))
-  log.info('model: %.2fM parameters, vocab %d', n_params / 1e6,
-           tokenizer.vocab_size)
+  log.info('model: %.2fM parameters, vocab %d; mesh %s over %d devices',
+           n_params / 1e6, tokenizer.vocab_size, dict(mesh.shape),
+           jax.device_count())
 
   per_process = config.batch_size // jax.process_count()
   train_iter = data.make_train_iterator(
@@ -246,7 +293,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   restored = ckpt.restore(checkpoint.abstract_like(state))
   if restored is not None:
     step0, state, data_state, _ = restored
-    train_iter.set_state(data_state)
+    data_state = checkpoint.process_data_state(data_state)
+    if data_state is not None:
+      train_iter.set_state(data_state)
     log.info('resumed from checkpoint %d in %s', step0, ckpt.directory)
   config_json = json.loads(config.to_json_best_effort())
   if is_main:  # readable by tools that load the model without a checkpoint
@@ -260,7 +309,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       raise NonFiniteError(f'non-finite loss or gradients at step {bad}; '
                            'no checkpoint written after it, the last good one '
                            f'is kept in {ckpt.directory}')
-    ckpt.save(step, state, train_iter.get_state(), config_json, metrics)
+    ckpt.save(step, state, checkpoint.gather_data_state(train_iter.get_state()),
+              config_json, metrics)
 
   step = int(jax.device_get(state.step))
   # Throughput counts the steps after the first one of this process (which
@@ -274,7 +324,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     with _stop_requests() as stop:
       while step < config.num_train_steps:
         batch = next(train_iter)
-        state, metrics = train_fn(state, batch)
+        state, metrics = train_fn(state, sharding.global_batch(batch, mesh))
         step += 1
         pending.append(metrics)
         n_tokens = int((batch['inputs'] > 0).sum() + (batch['targets'] > 0).sum())
@@ -302,9 +352,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         eval_metrics = None
         if step % config.eval_every == 0 and step < config.num_train_steps:
           t0 = time.time()
-          eval_metrics = _periodic_eval(config, model, state, tokenizer,
-                                        eval_fn, eval_batches, eval_source,
-                                        writer, step, bar)
+          with sharding.use(mesh, rules):
+            eval_metrics = _periodic_eval(config, model, state, tokenizer,
+                                          eval_fn, eval_batches, eval_source,
+                                          writer, step, bar, mesh)
           eval_seconds += time.time() - t0
           last_log += time.time() - t0
         if (step % config.checkpoint_every == 0 or eval_metrics is not None
@@ -324,7 +375,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     writer.close()
     return {'step': step, 'stopped_by': stopped_by}
 
-  final = _final_eval(config, model, state, tokenizer, eval_fn, writer, step)
+  with sharding.use(mesh, rules):
+    final = _final_eval(config, model, state, tokenizer, eval_fn, writer, step,
+                        mesh)
   final.update(step=step, wall_seconds=time.time() - wall_start,
                train_tokens_per_sec=tokens_done / max(train_seconds, 1e-9),
                parameters=int(n_params))
@@ -348,8 +401,8 @@ def _train_row(config, sums: list, step: int, tokens_per_sec: float) -> dict:
 
 
 def _periodic_eval(config, model, state, tokenizer, eval_fn, eval_batches,
-                   eval_source, writer, step, bar) -> dict:
-  metrics = evaluate_loss(eval_fn, state.params, eval_batches)
+                   eval_source, writer, step, bar, mesh=None) -> dict:
+  metrics = evaluate_loss(eval_fn, state.params, eval_batches, mesh)
   translation = evaluate_translation(
       _translator(config, model, state.params, tokenizer), eval_source,
       config.bleu_samples)
@@ -365,12 +418,13 @@ def _periodic_eval(config, model, state, tokenizer, eval_fn, eval_batches,
   return metrics
 
 
-def _final_eval(config, model, state, tokenizer, eval_fn, writer, step) -> dict:
+def _final_eval(config, model, state, tokenizer, eval_fn, writer, step,
+                mesh=None) -> dict:
   test_source = _source(config, config.test_split)
   batches = data.make_eval_batches(
       test_source, tokenizer, batch_size=config.eval_batch_size,
       max_length=config.eval_max_length, limit=config.test_samples or None)
-  metrics = evaluate_loss(eval_fn, state.params, batches)
+  metrics = evaluate_loss(eval_fn, state.params, batches, mesh)
   translation = evaluate_translation(
       _translator(config, model, state.params, tokenizer), test_source,
       config.test_samples)

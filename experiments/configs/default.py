@@ -62,6 +62,23 @@ def get_config() -> ml_collections.ConfigDict:
   c.beam_size = 1              # 1 = greedy
   c.beam_alpha = 0.6
   c.max_decode_extra = 50      # decode up to input length + this
+  # Sharding (xfmr_jax/sharding.py). The devices form a mesh (data, fsdp,
+  # model); parallelism picks its shape: 'dp' (-1, 1, 1), 'fsdp' (1, -1, 1),
+  # 'tp' (1, 1, -1) or 'fsdp_tp' (1, -1, 2), -1 = all remaining devices.
+  # mesh_shape, when set, overrides it, e.g. --config.mesh_shape='(2,4,1)'.
+  # logical_axis_rules: pairs (logical axis, mesh axis or axes or None) that
+  # replace sharding.RULES, e.g. '(("batch",("data","fsdp")),("embed",None))'.
+  c.parallelism = 'dp'
+  c.mesh_shape = ()
+  c.logical_axis_rules = ()
+  # Multi-host: jax.distributed.initialize. 'auto' = when a coordinator address
+  # is given (here or JAX_COORDINATOR_ADDRESS) or JAX detects a TPU pod / SLURM
+  # / Open MPI job; 'on'; 'off'. num_processes 0 and process_id -1 = from
+  # JAX_NUM_PROCESSES / JAX_PROCESS_ID or the cluster.
+  c.distributed = 'auto'
+  c.coordinator_address = ''
+  c.num_processes = 0
+  c.process_id = -1
   # Fault injection for tests: poison the loss at this step (-1 = never).
   c.debug_nan_at_step = -1
   return c
