@@ -1,0 +1,61 @@
+"""Sharding across devices (the checks live in ``tests/sharding_checks.py``).
+
+They need 8 CPU devices, which must be chosen before JAX starts, and the rest of
+the suite runs on one device (8 simulated devices make the in-process trainer
+tests shard their batches, about 15% more CPU time). So the checks run in one
+pytest subprocess with ``JAX_NUM_CPU_DEVICES=8`` and each is reported here as
+its own test, with its failure message.
+"""
+import os
+import pathlib
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tests import sharding_checks
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _check_ids():
+  ids = []
+  for name, fn in vars(sharding_checks).items():
+    if not (name.startswith('test_') and callable(fn)):
+      continue
+    marks = [m for m in getattr(fn, 'pytestmark', []) if m.name == 'parametrize']
+    if marks:
+      ids += [f'{name}[{v}]' for v in marks[0].args[1]]
+    else:
+      ids.append(name)
+  return ids
+
+
+@pytest.fixture(scope='module')
+def outcomes(tmp_path_factory):
+  report = tmp_path_factory.mktemp('sharding') / 'report.xml'
+  env = {k: v for k, v in os.environ.items() if not k.startswith('XLA_')}
+  env.update(JAX_NUM_CPU_DEVICES='8', JAX_PLATFORMS='cpu')
+  run = subprocess.run(
+      [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+       f'--junitxml={report}', 'tests/sharding_checks.py'],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+  assert report.exists(), run.stdout[-5000:] + run.stderr[-5000:]
+  results = {}
+  for case in ET.parse(report).getroot().iter('testcase'):
+    problem = case.find('failure')
+    if problem is None:
+      problem = case.find('error')
+    skipped = case.find('skipped')
+    results[case.get('name')] = (
+        'skipped: ' + (skipped.get('message') or '') if skipped is not None
+        else None if problem is None else
+        (problem.get('message') or '') + '\n' + (problem.text or ''))
+  return results
+
+
+@pytest.mark.parametrize('check', _check_ids())
+def test_sharding(check, outcomes):
+  assert check in outcomes, f'{check} did not run: {sorted(outcomes)}'
+  assert outcomes[check] is None, outcomes[check]
