@@ -607,6 +607,8 @@ def parse_args(argv):
                  help='timed train rounds (after warm-up)')
   p.add_argument('--decode_reps', type=int, default=2)
   p.add_argument('--decode_len', type=int, default=64)
+  p.add_argument('--decode_batch', type=int, default=None,
+                 help='decode batch (default: per size, see SIZES)')
   p.add_argument('--decode_sizes', default=None,
                  help='sizes to decode (default: --sizes)')
   p.add_argument('--variants', default=None,
@@ -667,7 +669,8 @@ def main(argv=None) -> dict:
                                 use_torch=use_torch, peak_n=args.peak_n)
                     for s in args.sizes]
     res['decode'] = [bench_decode(s, reps=args.decode_reps,
-                                  use_torch=use_torch, length=args.decode_len)
+                                  use_torch=use_torch, length=args.decode_len,
+                                  batch_size=args.decode_batch)
                      for s in args.decode_sizes]
   res['max_rss_bytes'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   print(format_tables(res))
