@@ -35,7 +35,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   # Library chatter (orbax, TFDS) only from warnings up; our own progress at
   # INFO. --verbosity=0 (or -v 0) brings the libraries back.
-  if flags.FLAGS['verbosity'].using_default_value:
+  if not any(a.startswith(('-v', '--v')) for a in sys.argv[1:]):
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger().setLevel(logging.WARNING)
   logging.getLogger('xfmr_jax').setLevel(logging.INFO)

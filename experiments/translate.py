@@ -43,7 +43,7 @@ def read_lines(stream) -> list[str]:
 
 def main(argv):
   del argv
-  if flags.FLAGS['verbosity'].using_default_value:
+  if not any(a.startswith(('-v', '--v')) for a in sys.argv[1:]):
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger().setLevel(logging.WARNING)
   from xfmr_jax import checkpoint
