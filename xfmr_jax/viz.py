@@ -505,6 +505,20 @@ def _arrow(ax, x0, y0, x1, y1, **kw):
               arrowprops=dict(arrowstyle='->', lw=0.9, **kw))
 
 
+def _column(ax, x, w, h, colors, source, embed_sub, blocks):
+  """One stack of figure 1: input box, embedding box, then ``blocks`` of
+  ``(y, text, color key, subtitle)`` joined by arrows."""
+  _box(ax, x, 0.55, w, h, source[0], 'white', sub=source[1])
+  _box(ax, x, 1.6, w, 0.75, 'Embedding x sqrt(d_model)\n+ positional encoding',
+       colors['emb'], sub=embed_sub)
+  for y, text, c, sub in blocks:
+    _box(ax, x, y, w, h, text, colors[c], sub=sub)
+  _arrow(ax, x, 0.8, x, 1.22)
+  _arrow(ax, x, 1.98, x, 2.75)
+  for (y0, *_), (y1, *_) in zip(blocks, blocks[1:]):
+    _arrow(ax, x, y0 + h / 2, x, y1 - h / 2)
+
+
 def architecture_diagram(config=None, ax=None):
   """Figure 1 of the paper, drawn with the names of the functions in this
   library that implement each block.
@@ -533,38 +547,23 @@ def architecture_diagram(config=None, ax=None):
           ha='right', va='center', fontsize=8)
   ax.text(dx + 1.95, 5.3, f'N = {cfg.num_decoder_layers}\nDecoderLayer',
           ha='left', va='center', fontsize=8)
-  # Encoder.
-  _box(ax, ex, 0.55, w, h, 'Inputs (source tokens)', 'white')
-  _box(ax, ex, 1.6, w, 0.75, 'Embedding x sqrt(d_model)\n+ positional encoding',
-       colors['emb'], sub='Embedder, sinusoidal_encoding')
-  enc = [(3.0, 'Multi-head self-attention', 'attn', 'MultiHeadAttention'),
-         (3.8, 'Add & Norm', 'norm', 'Sublayer, layer_norm'),
-         (4.6, 'Feed forward', 'ffn', 'feed_forward'),
-         (5.4, 'Add & Norm', 'norm', 'Sublayer')]
-  for y, text, c, sub in enc:
-    _box(ax, ex, y, w, h, text, colors[c], sub=sub)
-  _arrow(ax, ex, 0.8, ex, 1.22)
-  _arrow(ax, ex, 1.98, ex, 2.75)
-  for (y0, *_), (y1, *_) in zip(enc, enc[1:]):
-    _arrow(ax, ex, y0 + h / 2, ex, y1 - h / 2)
-  # Decoder.
-  _box(ax, dx, 0.55, w, h, 'Outputs (shifted right)', 'white',
-       sub='shift_right')
-  _box(ax, dx, 1.6, w, 0.75, 'Embedding x sqrt(d_model)\n+ positional encoding',
-       colors['emb'], sub='Embedder (shared weights)')
-  dec = [(3.0, 'Masked multi-head self-attention', 'attn',
-          'causal_mask, padding_mask'),
-         (3.8, 'Add & Norm', 'norm', 'Sublayer'),
-         (4.6, 'Multi-head cross-attention', 'attn', 'Q: decoder, K,V: encoder'),
-         (5.4, 'Add & Norm', 'norm', 'Sublayer'),
-         (6.2, 'Feed forward', 'ffn', 'feed_forward'),
-         (7.0, 'Add & Norm', 'norm', 'Sublayer')]
-  for y, text, c, sub in dec:
-    _box(ax, dx, y, w, h, text, colors[c], sub=sub)
-  _arrow(ax, dx, 0.8, dx, 1.22)
-  _arrow(ax, dx, 1.98, dx, 2.75)
-  for (y0, *_), (y1, *_) in zip(dec, dec[1:]):
-    _arrow(ax, dx, y0 + h / 2, dx, y1 - h / 2)
+  # Encoder and decoder columns: input, embedding, then the sublayers.
+  _column(ax, ex, w, h, colors, ('Inputs (source tokens)', None),
+          'Embedder, sinusoidal_encoding',
+          [(3.0, 'Multi-head self-attention', 'attn', 'MultiHeadAttention'),
+           (3.8, 'Add & Norm', 'norm', 'Sublayer, layer_norm'),
+           (4.6, 'Feed forward', 'ffn', 'feed_forward'),
+           (5.4, 'Add & Norm', 'norm', 'Sublayer')])
+  _column(ax, dx, w, h, colors, ('Outputs (shifted right)', 'shift_right'),
+          'Embedder (shared weights)',
+          [(3.0, 'Masked multi-head self-attention', 'attn',
+            'causal_mask, padding_mask'),
+           (3.8, 'Add & Norm', 'norm', 'Sublayer'),
+           (4.6, 'Multi-head cross-attention', 'attn',
+            'Q: decoder, K,V: encoder'),
+           (5.4, 'Add & Norm', 'norm', 'Sublayer'),
+           (6.2, 'Feed forward', 'ffn', 'feed_forward'),
+           (7.0, 'Add & Norm', 'norm', 'Sublayer')])
   # Encoder output -> every decoder layer's cross-attention (K and V).
   ax.plot([ex, ex], [5.65, 6.6], color='black', lw=0.9)
   ax.plot([ex, 4.85], [6.6, 6.6], color='black', lw=0.9)
