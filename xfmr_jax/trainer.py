@@ -22,6 +22,7 @@ import tqdm
 
 from xfmr_jax import checkpoint, data, optim, sharding, train
 from xfmr_jax.config import ModelConfig
+from xfmr_jax.data import pipeline
 from xfmr_jax.model import Transformer
 from xfmr_jax.tokenizer import Tokenizer
 from xfmr_jax.translate import Translator
@@ -139,9 +140,7 @@ def _get_tokenizer(config, workdir: str, train_source) -> Tokenizer:
   else:
     n = min(len(train_source), config.tokenizer_max_sentences // 2)
     indices = np.linspace(0, len(train_source) - 1, n).astype(int).tolist()
-    pairs = (train_source.__getitems__(indices)
-             if hasattr(train_source, '__getitems__')
-             else [train_source[i] for i in indices])
+    pairs = pipeline.read_pairs(train_source, indices)
     texts = [t for pair in pairs for t in pair]
     log.info('training a %s tokenizer (vocab %d) on %d sentences',
              config.tokenizer_type, config.vocab_size, len(texts))
@@ -178,7 +177,7 @@ def evaluate_loss(eval_fn, params, batches, mesh=None) -> dict:
 def evaluate_translation(translator: Translator, source, limit: int) -> dict:
   """sacreBLEU and exact match of ``translator`` on the first ``limit`` pairs."""
   n = len(source) if limit <= 0 else min(limit, len(source))
-  pairs = [source[i] for i in range(n)]
+  pairs = pipeline.read_pairs(source, list(range(n)))
   hyps = translator([p[0] for p in pairs])
   refs = [p[1] for p in pairs]
   bleu = sacrebleu.corpus_bleu(hyps, [refs]).score

@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 READ_CHUNK = 256  # pairs per batched read; small enough to shuffle finely
 
 
-def _read(source, indices: Sequence[int]) -> list:
+def read_pairs(source, indices: Sequence[int]) -> list:
+  """``source[i]`` for each index, in one batched read when the source can."""
   if hasattr(source, '__getitems__'):
     return source.__getitems__(indices)
   return [source[i] for i in indices]
@@ -83,7 +84,7 @@ def make_train_iterator(source, tokenizer: Tokenizer, *, batch_size: int,
   ds = grain.MapDataset.range(len(source))[shard_index::shard_count]
   ds = ds.shuffle(seed=seed).repeat(num_epochs)
   ds = ds.batch(READ_CHUNK).map(
-      lambda idx: tokenize_pairs(_read(source, idx.tolist()), tokenizer))
+      lambda idx: tokenize_pairs(read_pairs(source, idx.tolist()), tokenizer))
   read_options = grain.ReadOptions(num_threads=1 if prefetch else 0,
                                    prefetch_buffer_size=2 if prefetch else 0)
   ds = packing.PackedBatchIterDataset(
@@ -108,7 +109,7 @@ def make_eval_batches(source, tokenizer: Tokenizer, *, batch_size: int,
   n = len(source) if limit is None else min(limit, len(source))
   batches, truncated = [], 0
   for start in range(0, n, batch_size):
-    pairs = _read(source, list(range(start, min(start + batch_size, n))))
+    pairs = read_pairs(source, list(range(start, min(start + batch_size, n))))
     builder = packing.BatchBuilder(batch_size, max_length, max_pairs_per_row=1)
     for inputs, targets in tokenize_pairs(pairs, tokenizer):
       truncated += max(len(inputs), len(targets)) > max_length
