@@ -2,12 +2,23 @@
 
 All arrays use the ``[batch, length, heads, head_dim]`` layout. Masks follow
 :mod:`xfmr_jax.masks`: boolean, broadcastable to ``[batch, heads, q, k]``,
-``True`` = may attend.
+``True`` = may attend. Keys and values may have fewer heads than queries
+(grouped-query attention): query head ``i`` reads key/value head
+``i // (heads / kv_heads)``.
+
+:func:`dot_product_attention` has several implementations with the same
+meaning: the library's own einsum path ('reference', the only one that can
+return the weights or drop them out), ``jax.nn.dot_product_attention`` ('xla';
+'cudnn', its fused flash kernel on NVIDIA GPUs) and on TPU the Pallas flash
+attention kernel jax ships ('pallas'). :func:`resolve_implementation` picks one
+for 'auto'.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+IMPLEMENTATIONS = ('reference', 'xla', 'cudnn', 'pallas')
 
 
 def split_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
@@ -21,6 +32,17 @@ def split_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
 def merge_heads(x: jnp.ndarray) -> jnp.ndarray:
   """``[batch, length, heads, head_dim] -> [batch, length, heads * head_dim]``."""
   return x.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1])
+
+
+def repeat_kv_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
+  """``[batch, k, kv_heads, d] -> [batch, k, num_heads, d]``, each KV head
+  repeated for the ``num_heads / kv_heads`` query heads of its group."""
+  kv_heads = x.shape[-2]
+  if num_heads % kv_heads:
+    raise ValueError(f'{num_heads} query heads cannot share {kv_heads} key/'
+                     'value heads evenly')
+  return x if kv_heads == num_heads else jnp.repeat(x, num_heads // kv_heads,
+                                                    axis=-2)
 
 
 def attention_weights(query: jnp.ndarray, key: jnp.ndarray,
@@ -38,6 +60,7 @@ def attention_weights(query: jnp.ndarray, key: jnp.ndarray,
     float32 ``[batch, heads, q_length, k_length]``; rows sum to 1, except rows
     whose keys are all masked, which are all zero (never NaN).
   """
+  key = repeat_kv_heads(key, query.shape[-2])
   d_k = query.shape[-1]
   # Dividing by sqrt(d_k) keeps the logits' variance near 1 whatever d_k is,
   # so the softmax does not saturate (section 3.2.1).
@@ -55,6 +78,69 @@ def attention_weights(query: jnp.ndarray, key: jnp.ndarray,
   return jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
 
 
+def resolve_implementation(name: str, dtype=jnp.float32,
+                           backend: str | None = None) -> str:
+  """The implementation to use for ``name`` ('auto' or one of IMPLEMENTATIONS).
+
+  'auto' is 'cudnn' on a GPU for 16-bit compute (its flash kernel; float32 is
+  not supported by it), 'xla' on other GPU runs, 'pallas' on TPU when jax ships
+  the kernel, else 'xla', and 'reference' on CPU, where the einsum path is
+  what the benchmark measures. An explicit choice the backend cannot run is an
+  error, never a silent fallback.
+  """
+  backend = backend or jax.default_backend()
+  if name == 'auto':
+    if backend == 'gpu':
+      return 'cudnn' if jnp.dtype(dtype).itemsize == 2 else 'xla'
+    if backend == 'tpu':
+      return 'pallas' if _pallas_flash() is not None else 'xla'
+    return 'reference'
+  if name not in IMPLEMENTATIONS:
+    raise ValueError(f'attention implementation {name!r} is not one of '
+                     f"{('auto',) + IMPLEMENTATIONS}")
+  if name == 'cudnn' and backend != 'gpu':
+    raise ValueError(f"attention_impl='cudnn' needs an NVIDIA GPU; the jax "
+                     f"backend here is {backend!r} (use 'auto' or 'xla')")
+  if name == 'pallas' and (backend != 'tpu' or _pallas_flash() is None):
+    raise ValueError(f"attention_impl='pallas' needs a TPU and jax's Pallas "
+                     f"flash attention kernel; the backend is {backend!r} "
+                     "(use 'auto' or 'xla')")
+  return name
+
+
+def _pallas_flash():
+  """jax's Pallas TPU flash attention function, or None if not shipped."""
+  try:
+    from jax.experimental.pallas.ops.tpu import flash_attention
+  except ImportError:
+    return None
+  return getattr(flash_attention, 'flash_attention', None)
+
+
+def _fused(query, key, value, mask, bias, implementation):
+  """The same attention through jax's fused paths (no weights returned)."""
+  mask4 = None if mask is None else jnp.broadcast_to(
+      mask, (mask.shape[0], mask.shape[1], query.shape[1], key.shape[1]))
+  if implementation == 'pallas':
+    # The kernel takes [batch, heads, length, d] and one additive bias; a
+    # boolean mask becomes a large negative bias.
+    heads = query.shape[-2]
+    to_bhld = lambda x: repeat_kv_heads(x, heads).transpose(0, 2, 1, 3)
+    total = None if bias is None else bias.astype(jnp.float32)
+    if mask4 is not None:
+      blocked = jnp.where(mask4, 0.0, jnp.finfo(jnp.float32).min / 2)
+      total = blocked if total is None else total + blocked
+    if total is not None:
+      total = jnp.broadcast_to(total, (query.shape[0], heads, query.shape[1],
+                                       key.shape[1]))
+    out = _pallas_flash()(to_bhld(query), to_bhld(key), to_bhld(value),
+                          ab=total, sm_scale=query.shape[-1] ** -0.5)
+    return out.transpose(0, 2, 1, 3)
+  return jax.nn.dot_product_attention(
+      query, key, value, bias=None if bias is None else bias.astype(
+          query.dtype), mask=mask4, implementation=implementation)
+
+
 def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
                           value: jnp.ndarray,
                           mask: jnp.ndarray | None = None,
@@ -62,24 +148,43 @@ def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
                           *,
                           dropout_rate: float = 0.0,
                           dropout_rng: jax.Array | None = None,
-                          return_weights: bool = False):
+                          return_weights: bool = False,
+                          implementation: str = 'reference'):
   """``Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V`` (equation 1).
 
   Args:
     query: ``[batch, q_length, heads, head_dim]``.
-    key: ``[batch, k_length, heads, head_dim]``.
-    value: ``[batch, k_length, heads, head_dim_v]``.
+    key: ``[batch, k_length, kv_heads, head_dim]``; kv_heads divides heads.
+    value: ``[batch, k_length, kv_heads, head_dim_v]``.
     mask, bias: see :func:`attention_weights`.
     dropout_rate: dropout on the attention weights (needs ``dropout_rng``).
     return_weights: also return the ``[batch, heads, q, k]`` weights.
+    implementation: one of IMPLEMENTATIONS ('auto' goes through
+      :func:`resolve_implementation`); only 'reference' returns or drops out
+      weights.
 
   Returns:
-    ``[batch, q_length, heads, head_dim_v]`` in ``query.dtype`` (and the weights).
+    ``[batch, q_length, heads, head_dim_v]`` in ``query.dtype`` (and the
+    weights). Queries with no visible key get 0 in every implementation.
   """
+  if implementation == 'auto':
+    implementation = resolve_implementation('auto', query.dtype)
+  if implementation != 'reference':
+    if return_weights or (dropout_rate > 0.0 and dropout_rng is not None):
+      raise ValueError(f'implementation {implementation!r} neither returns '
+                       "nor drops out attention weights; use 'reference'")
+    if implementation not in IMPLEMENTATIONS:
+      resolve_implementation(implementation)  # raises the clear error
+    out = _fused(query, key, value, mask, bias, implementation)
+    if mask is not None:  # fused kernels average a fully masked row instead
+      visible = jnp.any(mask, axis=-1).transpose(0, 2, 1)[..., None]
+      out = jnp.where(visible, out, 0)
+    return out.astype(query.dtype)
   weights = attention_weights(query, key, mask, bias)
   probs = weights
   if dropout_rate > 0.0 and dropout_rng is not None:
     from xfmr_jax.layers import dropout  # layers imports this module
     probs = dropout(probs, dropout_rate, dropout_rng)
+  value = repeat_kv_heads(value, query.shape[-2])
   out = jnp.einsum('bhqk,bkhd->bqhd', probs.astype(value.dtype), value)
   return (out, weights) if return_weights else out

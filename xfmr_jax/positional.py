@@ -5,6 +5,10 @@
 cosine on odd ones, interleaved exactly as in the paper. For every offset ``k``
 there is a fixed block-diagonal rotation ``M_k`` with ``PE(pos + k) = M_k PE(pos)``
 (see :func:`offset_matrix`), which is why the model can attend by relative position.
+
+Two later schemes put relative position into attention itself instead of the
+embeddings: :func:`rotary` (RoPE) rotates queries and keys, and
+:func:`alibi_bias` (ALiBi) penalises attention scores by distance.
 """
 from __future__ import annotations
 
@@ -52,3 +56,66 @@ def offset_matrix(k: int, d_model: int,
     c, s = np.cos(k * wi), np.sin(k * wi)
     m[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[c, s], [-s, c]]
   return m
+
+
+def rotary(x: jnp.ndarray, positions: jnp.ndarray,
+           max_timescale: float = 10_000.0) -> jnp.ndarray:
+  """RoPE (Su et al., 2021): rotate each dimension pair by its position.
+
+  Pair ``(2i, 2i+1)`` of a head is rotated by the angle ``pos * w_i`` with the
+  sinusoid's frequencies ``w_i = max_timescale^(-2i / head_dim)``. A rotation
+  by ``a`` then the transpose of one by ``b`` is one by ``a - b``, so the dot
+  product of a rotated query at ``m`` and key at ``n`` depends on ``m - n``
+  only: attention sees relative positions, with nothing added to the values.
+
+  Args:
+    x: ``[batch, length, heads, head_dim]`` queries or keys, even head_dim.
+    positions: integer ``[batch, length]`` (or ``[length]``).
+
+  Returns:
+    ``x`` rotated, same shape and dtype (the rotation runs in float32).
+  """
+  head_dim = x.shape[-1]
+  angles = positions.astype(jnp.float32)[..., None] * _inverse_frequencies(
+      head_dim, max_timescale)                       # [batch, length, d/2]
+  cos = jnp.cos(angles)[..., None, :]                # broadcast over heads
+  sin = jnp.sin(angles)[..., None, :]
+  pairs = x.astype(jnp.float32).reshape(*x.shape[:-1], head_dim // 2, 2)
+  even, odd = pairs[..., 0], pairs[..., 1]
+  rotated = jnp.stack([even * cos - odd * sin, even * sin + odd * cos], -1)
+  return rotated.reshape(x.shape).astype(x.dtype)
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+  """ALiBi's per-head slopes (Press et al., 2022), float64 ``[num_heads]``.
+
+  For ``n`` a power of two: the geometric sequence ``2^(-8/n), 2^(-16/n), ...,
+  2^-8``. Otherwise the slopes of the largest power of two ``p < n`` followed by
+  every other slope of ``2p`` heads, as in the paper.
+  """
+  def powers(n):
+    return 2.0 ** (-8.0 * np.arange(1, n + 1) / n)
+  p = 2 ** int(np.floor(np.log2(num_heads)))
+  if p == num_heads:
+    return powers(p)
+  return np.concatenate([powers(p), powers(2 * p)[0::2][:num_heads - p]])
+
+
+def alibi_bias(query_positions: jnp.ndarray, key_positions: jnp.ndarray,
+               num_heads: int) -> jnp.ndarray:
+  """ALiBi attention bias ``-slope_h * |q - k|``, added to the scores.
+
+  A far key is penalised linearly in its distance, more steeply in some heads
+  than others; no positions enter the embeddings. The absolute distance makes
+  it usable both in a bidirectional encoder and under a causal mask (where
+  only ``k <= q`` survives and ``|q - k| = q - k``, the paper's form).
+
+  Args:
+    query_positions: integer ``[batch, q]``; key_positions: ``[batch, k]``.
+
+  Returns:
+    float32 ``[batch, heads, q, k]``.
+  """
+  distance = jnp.abs(query_positions[:, :, None] - key_positions[:, None, :])
+  slopes = jnp.asarray(alibi_slopes(num_heads), jnp.float32)
+  return -slopes[None, :, None, None] * distance[:, None].astype(jnp.float32)
