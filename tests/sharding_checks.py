@@ -21,9 +21,9 @@ import numpy as np
 import optax
 import pytest
 
-from xfmr_jax import checkpoint, decode, optim, sharding, train
+from xfmr_jax import checkpoint, decode, model as model_lib, optim, sharding
+from xfmr_jax import train
 from xfmr_jax.config import ModelConfig
-from xfmr_jax.model import Transformer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BATCH, VOCAB, STEPS = 8, 64, 2
@@ -38,8 +38,8 @@ def model_and_optimizer(**changes):
       num_decoder_layers=1, d_ff=64, max_len=32, dropout_rate=0.1), **changes})
   # Adam's eps = 1 makes an update ~ lr * g rather than lr * sign(g), so the
   # float noise of a different reduction order cannot flip near-zero updates.
-  return Transformer(cfg), optim.make_optimizer(d_model=32, warmup_steps=5,
-                                                eps=1.0)
+  return model_lib.build(cfg), optim.make_optimizer(d_model=32,
+                                                    warmup_steps=5, eps=1.0)
 
 
 def batches(n=STEPS, seed=0):
@@ -270,6 +270,51 @@ def test_decode_under_a_mesh_gives_the_same_tokens(single_device):
   want_beam, _ = decode.beam_search(model, params, inputs, beam_size=2,
                                     max_decode_len=12)
   np.testing.assert_array_equal(np.asarray(beam), np.asarray(want_beam))
+
+
+# --------------------------------------------------------------- variants --
+
+VARIANTS = {
+    'decoder_only_gqa_rope_swiglu': dict(
+        model_kind='decoder_only', num_kv_heads=2, positional='rope',
+        activation='swiglu', use_bias=False, norm_type='rmsnorm',
+        norm_position='pre'),
+    'mqa_alibi_xla_attention': dict(num_kv_heads=1, positional='alibi',
+                                    attention_impl='xla', scan_layers=True),
+}
+
+
+@pytest.mark.parametrize('variant', list(VARIANTS))
+def test_variant_trains_and_decodes_like_one_device(variant):
+  model, tx = model_and_optimizer(**VARIANTS[variant])
+  state = jax.jit(lambda: train.init_state(model, tx, 0))()
+  train_fn, _ = train.jit_steps(model, tx, 0.1)
+  want = []
+  for b in batches():
+    state, metrics = train_fn(state, b)
+    want.append(float(metrics['loss']))
+  mesh = mesh_of((1, 4, 2))
+  sharded, shardings = sharding.create_train_state(model, tx, 0, mesh)
+  train_sharded, _ = train.jit_steps(model, tx, 0.1, mesh=mesh,
+                                     state_shardings=shardings)
+  losses = []
+  for b in batches():
+    sharded, metrics = train_sharded(sharded, sharding.global_batch(b, mesh))
+    losses.append(float(metrics['loss']))
+  np.testing.assert_allclose(losses, want, **TOL)
+  assert_trees_close(sharded.params, state.params)
+  # The smaller key/value projections are split over 'model' like the rest.
+  kv = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(
+      sharded.params) if 'key' in jax.tree_util.keystr(path) and
+        leaf.ndim >= 2]
+  assert kv and all(leaf.sharding.spec[-1] == 'model' for leaf in kv)
+  inputs = batches(1, seed=2)[0]['inputs']
+  greedy = sharding.jit_decode(decode.greedy_decode, model, mesh,
+                               shardings.params, max_decode_len=12)
+  np.testing.assert_array_equal(
+      np.asarray(greedy(sharded.params, inputs)),
+      np.asarray(decode.greedy_decode(model, state.params, inputs,
+                                      max_decode_len=12)))
 
 
 # ------------------------------------------------------------- multi-host --

@@ -5,9 +5,11 @@ import dataclasses
 
 NORM_POSITIONS = ('post', 'pre')
 NORM_TYPES = ('layernorm', 'rmsnorm')
-ACTIVATIONS = ('relu', 'gelu')
-POSITIONALS = ('sinusoidal', 'learned', 'none')
+ACTIVATIONS = ('relu', 'gelu', 'swiglu')
+POSITIONALS = ('sinusoidal', 'learned', 'rope', 'alibi', 'none')
 DTYPES = ('float32', 'bfloat16')
+MODEL_KINDS = ('encoder_decoder', 'decoder_only', 'encoder_only')
+ATTENTION_IMPLS = ('auto', 'reference', 'xla', 'cudnn', 'pallas')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,7 +17,22 @@ class ModelConfig:
   """Hyperparameters of the encoder-decoder Transformer.
 
   Defaults are the paper's base model (Table 3, row "base") with a shared
-  37,000-token vocabulary.
+  37,000-token vocabulary. The other values of the switches are the later
+  variants the seed describes:
+
+  * ``norm_position`` 'pre' and ``norm_type`` 'rmsnorm';
+  * ``activation`` 'gelu' or 'swiglu' (a gated FFN with three matrices: to keep
+    the parameter count of a ReLU FFN of width ``w``, set ``d_ff`` to
+    :func:`swiglu_d_ff` ``(w)``, about ``2w/3``);
+  * ``positional`` 'learned', 'rope' (queries and keys rotated by position in
+    every self-attention) or 'alibi' (a per-head linear distance penalty on
+    self-attention scores); cross-attention has no positions, as in the paper;
+  * ``num_kv_heads`` below ``num_heads``: grouped-query attention (1: MQA);
+  * ``use_bias`` False: linear layers without biases;
+  * ``model_kind`` 'decoder_only' (a causal LM over ``source EOS target``, see
+    :mod:`xfmr_jax.decoder_only`) or 'encoder_only' (a token tagger with
+    ``num_labels`` outputs, see :mod:`xfmr_jax.encoder_only`);
+  * ``attention_impl``: see :func:`xfmr_jax.attention.resolve_implementation`.
   """
   vocab_size: int = 37_000
   d_model: int = 512
@@ -35,6 +52,11 @@ class ModelConfig:
   dtype: str = 'float32'               # compute dtype; parameters stay float32
   scan_layers: bool = False            # nn.scan over the layer stack
   remat: bool = False                  # recompute layer activations in backprop
+  num_kv_heads: int = 0                # key/value heads; 0 = num_heads
+  use_bias: bool = True                # biases in the linear layers
+  model_kind: str = 'encoder_decoder'
+  num_labels: int = 0                  # encoder_only: size of the token head
+  attention_impl: str = 'auto'
 
   def __post_init__(self):
     positive = ('vocab_size', 'd_model', 'num_heads', 'num_encoder_layers',
@@ -53,20 +75,51 @@ class ModelConfig:
                          f'{getattr(self, name)!r}')
     choices = {'positional': POSITIONALS, 'norm_position': NORM_POSITIONS,
                'norm_type': NORM_TYPES, 'activation': ACTIVATIONS,
-               'dtype': DTYPES}
+               'dtype': DTYPES, 'model_kind': MODEL_KINDS,
+               'attention_impl': ATTENTION_IMPLS}
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         raise ValueError(f'ModelConfig.{name}={getattr(self, name)!r} is not '
                          f'one of {allowed}')
     if self.positional == 'sinusoidal' and self.d_model % 2:
       raise ValueError('sinusoidal positions need an even d_model')
+    if self.positional == 'rope' and self.head_dim % 2:
+      raise ValueError(f'rope rotates pairs of dimensions: head_dim '
+                       f'{self.head_dim} must be even')
+    kv = self.num_kv_heads
+    if not isinstance(kv, int) or kv < 0 or (kv and self.num_heads % kv):
+      raise ValueError(f'ModelConfig.num_kv_heads={kv!r} must be 0 (= num_heads)'
+                       f' or a divisor of num_heads={self.num_heads}')
+    if self.model_kind == 'encoder_only' and not (
+        isinstance(self.num_labels, int) and self.num_labels > 1):
+      raise ValueError('an encoder_only model needs num_labels >= 2 (the size '
+                       f'of its token head), got {self.num_labels!r}')
+    if self.attention_impl not in ('auto', 'reference') and (
+        self.attention_dropout_rate > 0):
+      raise ValueError(f'attention_impl={self.attention_impl!r} has no '
+                       'dropout on attention weights; use attention_impl='
+                       "'reference' (or 'auto') with attention_dropout_rate > 0")
 
   @property
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
 
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads: ``num_heads`` (MHA), fewer (GQA) or 1 (MQA)."""
+    return self.num_kv_heads or self.num_heads
+
   def replace(self, **changes) -> 'ModelConfig':
     return dataclasses.replace(self, **changes)
+
+
+def swiglu_d_ff(d_ff: int, multiple: int = 8) -> int:
+  """SwiGLU hidden width with the parameters of a 2-matrix FFN of width d_ff.
+
+  A gated FFN has three ``d_model x d_ff`` matrices instead of two, so its
+  width is scaled by 2/3 (Shazeer, 2020), rounded up to ``multiple``.
+  """
+  return -(-(2 * d_ff) // (3 * multiple)) * multiple
 
 
 def base(**changes) -> ModelConfig:

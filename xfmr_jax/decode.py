@@ -56,9 +56,16 @@ def _variables(params):
 
 
 def decode_length(config, input_length: int, max_decode_len=None) -> int:
-  """Output length: input length + 50 (the paper's choice), capped by max_len."""
+  """Output length: input length + 50 (the paper's choice), capped by max_len
+  (a decoder-only model's positions count the source too)."""
   length = input_length + 50 if max_decode_len is None else max_decode_len
-  return min(length, config.max_len)
+  room = config.max_len
+  if config.model_kind == 'decoder_only':
+    room -= input_length
+    if room <= 0:
+      raise ValueError(f'inputs of length {input_length} leave no room to '
+                       f'decode within max_len={config.max_len}')
+  return min(length, room)
 
 
 def _no_pad(logits):
@@ -72,17 +79,12 @@ def _batch_axis(model) -> int:
 
 
 def _init_cache(model, variables, inputs, cache_len):
-  """Encode once and build the decoder cache.
-
-  A zero-length decoder step creates the self-attention buffers
-  ``[batch, cache_len, heads, head_dim]`` and caches the cross-attention K/V
-  of the encoder output, without decoding anything yet.
-  """
-  encoded = model.apply(variables, inputs, method=model.encode)
-  nothing = jnp.zeros((inputs.shape[0], 0), jnp.int32)
-  _, state = model.apply(variables, inputs, nothing, 0, encoded,
-                         cache_len=cache_len, method=model.decode_step,
-                         mutable=['cache'])
+  """Run the model's ``init_cache`` (encoder and cross-attention K/V, or the
+  decoder-only prefill) and return the ``cache`` collection."""
+  if model.config.model_kind == 'encoder_only':
+    raise ValueError('an encoder_only model tags tokens; it does not decode')
+  _, state = model.apply(variables, inputs, cache_len,
+                         method=model.init_cache, mutable=['cache'])
   return state['cache']
 
 
@@ -169,15 +171,19 @@ def naive_greedy_decode(model, params, inputs, *, max_decode_len=None):
   TRACE_COUNTS['naive_greedy_decode'] += 1
   variables = _variables(params)
   length = decode_length(model.config, inputs.shape[1], max_decode_len)
-  encoded = model.apply(variables, inputs, method=model.encode)
+  if model.config.model_kind == 'encoder_decoder':
+    encoded = model.apply(variables, inputs, method=model.encode)
+    run = lambda targets: model.apply(variables, encoded, inputs, targets,
+                                      method=model.decode)
+  else:  # decoder-only: the whole sequence, source included, every step
+    encoded = None
+    run = lambda targets: model.apply(variables, inputs, targets)
 
   def next_logits(encoded, out, t):
     # Targets up to t-1 are the emitted tokens; the one at t is unknown but
     # must be non-pad so its query is not masked; later ones are not seen.
     targets = jnp.where(jnp.arange(length) < t, out, EOS_ID)
-    logits = model.apply(variables, encoded, inputs, targets,
-                         method=model.decode)
-    return logits[:, t], encoded
+    return run(targets)[:, t], encoded
 
   return _autoregress(inputs.shape[0], length, encoded, next_logits, _argmax)
 

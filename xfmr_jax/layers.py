@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from xfmr_jax import attention
+from xfmr_jax import attention, positional
 from xfmr_jax.config import ModelConfig
 
 ACTIVATIONS: dict[str, Callable] = {'relu': jax.nn.relu, 'gelu': jax.nn.gelu}
@@ -43,9 +43,22 @@ def feed_forward(x, w1, b1, w2, b2, activation: Callable = jax.nn.relu):
   """Position-wise FFN ``activation(x W1 + b1) W2 + b2`` (equation 2).
 
   Args:
-    x: ``[..., d_model]``; w1: ``[d_model, d_ff]``; w2: ``[d_ff, d_model]``.
+    x: ``[..., d_model]``; w1: ``[d_model, d_ff]``; w2: ``[d_ff, d_model]``;
+    b1, b2: biases, or None for bias-free layers.
   """
-  return activation(x @ w1 + b1) @ w2 + b2
+  h = x @ w1 if b1 is None else x @ w1 + b1
+  y = activation(h) @ w2
+  return y if b2 is None else y + b2
+
+
+def swiglu_feed_forward(x, w_gate, w1, w2):
+  """Gated FFN ``(swish(x W_gate) * x W1) W2`` (SwiGLU, Shazeer 2020).
+
+  Args:
+    x: ``[..., d_model]``; w_gate, w1: ``[d_model, d_ff]``;
+    w2: ``[d_ff, d_model]``. Bias-free, as usually trained.
+  """
+  return (jax.nn.silu(x @ w_gate) * (x @ w1)) @ w2
 
 
 # Dropout keeps an element when 16 random bits are at or above
@@ -101,10 +114,11 @@ def _param(module: nn.Module, name: str, init, shape, axes):
 
 
 def dense(features: int, axes: tuple[str, str], name: str,
-          dtype=jnp.float32) -> nn.Dense:
+          dtype=jnp.float32, use_bias: bool = True) -> nn.Dense:
   """``nn.Dense`` with Xavier-uniform kernel and logically named axes."""
   return nn.Dense(
       features, dtype=dtype, param_dtype=jnp.float32, name=name,
+      use_bias=use_bias,
       kernel_init=nn.with_logical_partitioning(
           nn.initializers.xavier_uniform(), axes),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
@@ -128,7 +142,8 @@ class Norm(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """Two linear maps with an activation between: ``d_model -> d_ff -> d_model``."""
+  """Two linear maps with an activation between: ``d_model -> d_ff -> d_model``
+  (with 'swiglu', a gated first map: three matrices, no biases)."""
   config: ModelConfig
 
   @nn.compact
@@ -137,11 +152,19 @@ class FeedForward(nn.Module):
     dtype = jnp.dtype(cfg.dtype)
     xavier = nn.initializers.xavier_uniform()
     w1 = _param(self, 'wi', xavier, (cfg.d_model, cfg.d_ff), ('embed', 'mlp'))
-    b1 = _param(self, 'bi', nn.initializers.zeros, (cfg.d_ff,), ('mlp',))
     w2 = _param(self, 'wo', xavier, (cfg.d_ff, cfg.d_model), ('mlp', 'embed'))
-    b2 = _param(self, 'bo', nn.initializers.zeros, (cfg.d_model,), ('embed',))
-    return feed_forward(x.astype(dtype), *(p.astype(dtype) for p in
-                                           (w1, b1, w2, b2)),
+    cast = lambda *ps: [None if p is None else p.astype(dtype) for p in ps]
+    x = x.astype(dtype)
+    if cfg.activation == 'swiglu':
+      gate = _param(self, 'wi_gate', xavier, (cfg.d_model, cfg.d_ff),
+                    ('embed', 'mlp'))
+      return swiglu_feed_forward(x, *cast(gate, w1, w2))
+    b1 = b2 = None
+    if cfg.use_bias:
+      b1 = _param(self, 'bi', nn.initializers.zeros, (cfg.d_ff,), ('mlp',))
+      b2 = _param(self, 'bo', nn.initializers.zeros, (cfg.d_model,),
+                  ('embed',))
+    return feed_forward(x, *cast(w1, b1, w2, b2),
                         activation=ACTIVATIONS[cfg.activation])
 
 
@@ -149,33 +172,43 @@ class MultiHeadAttention(nn.Module):
   """``MultiHead(Q, K, V) = Concat(head_1..head_h) W^O`` (section 3.2.2).
 
   Self-attention when ``inputs_kv is inputs_q``; cross-attention otherwise (query
-  and key lengths may differ). The attention weights ``[batch, heads, q, k]`` are
+  and key lengths may differ). Keys and values have ``config.kv_heads`` heads
+  (fewer than the queries for GQA/MQA). ``positions`` (``[batch, q]``, the
+  positions of ``inputs_q``) are given to self-attention only: RoPE rotates
+  queries and keys by them, ALiBi turns them into a distance bias. With the
+  reference implementation the attention weights ``[batch, heads, q, k]`` are
   sown into the ``intermediates`` collection for visualisation.
 
   Incremental decoding keeps keys and values in the ``cache`` collection:
 
   * ``cache='self'``: causal self-attention over ``cached_key`` and
-    ``cached_value`` ``[batch, cache_len, heads, head_dim]``. The ``q`` new
-    positions ``step .. step + q - 1`` are written into the cache and each
-    attends to the cached positions up to its own.
+    ``cached_value`` ``[batch, cache_len, kv_heads, head_dim]`` (keys already
+    rotated under RoPE; under ALiBi also ``cached_position`` ``[batch,
+    cache_len]``). The ``q`` new tokens are written at cache slots ``step ..
+    step + q - 1`` and each attends to the slots up to its own.
   * ``cache='cross'``: the keys and values of ``inputs_kv`` (the encoder output)
     are computed when it is given and stored in ``cached_key``/``cached_value``
-    ``[batch, source_length, heads, head_dim]``; with ``inputs_kv=None`` they are
-    read back, so each decoding step projects only its new query.
+    ``[batch, source_length, kv_heads, head_dim]``; with ``inputs_kv=None`` they
+    are read back, so each decoding step projects only its new query.
   """
   config: ModelConfig
 
   @nn.compact
   def __call__(self, inputs_q, inputs_kv, mask=None, deterministic=True, *,
-               cache: str | None = None, cache_len: int | None = None,
-               step=None):
+               positions=None, cache: str | None = None,
+               cache_len: int | None = None, step=None):
     """inputs_q: ``[batch, q, d_model]``; inputs_kv: ``[batch, k, d_model]``."""
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
-    proj = lambda name: dense(cfg.d_model, ('embed', 'joined_kv'), name, dtype)
+    proj = lambda name, heads: dense(heads * cfg.head_dim,
+                                     ('embed', 'joined_kv'), name, dtype,
+                                     cfg.use_bias)
     if cache not in (None, 'self', 'cross'):
       raise ValueError(f"cache must be None, 'self' or 'cross', got {cache!r}")
-    q = attention.split_heads(proj('query')(inputs_q), cfg.num_heads)
+    relative = positions is not None and cfg.positional in ('rope', 'alibi')
+    q = attention.split_heads(proj('query', cfg.num_heads)(inputs_q),
+                              cfg.num_heads)
+    key_positions = positions
     if cache == 'cross' and inputs_kv is None:
       # Later decoding steps: the encoder's keys/values were cached once.
       k = self.get_variable('cache', 'cached_key')
@@ -184,30 +217,49 @@ class MultiHeadAttention(nn.Module):
         raise ValueError('cross-attention cache is empty: pass the encoder '
                          'output on the first decoding step')
     else:
-      k = attention.split_heads(proj('key')(inputs_kv), cfg.num_heads)
-      v = attention.split_heads(proj('value')(inputs_kv), cfg.num_heads)
+      k = attention.split_heads(proj('key', cfg.kv_heads)(inputs_kv),
+                                cfg.kv_heads)
+      v = attention.split_heads(proj('value', cfg.kv_heads)(inputs_kv),
+                                cfg.kv_heads)
+      if relative and cfg.positional == 'rope':
+        q = positional.rotary(q, positions)
+        k = positional.rotary(k, positions)
       if cache == 'cross':
         self.put_variable('cache', 'cached_key', k)
         self.put_variable('cache', 'cached_value', v)
       elif cache == 'self':
-        k, v, cache_mask = self._update_self_cache(k, v, cache_len, step)
+        k, v, key_positions, cache_mask = self._update_self_cache(
+            k, v, positions if relative else None, cache_len, step)
         mask = cache_mask if mask is None else mask & cache_mask
+    bias = None
+    if relative and cfg.positional == 'alibi':
+      bias = positional.alibi_bias(positions, key_positions, cfg.num_heads)
     dropout_rng = None
     if not deterministic and cfg.attention_dropout_rate > 0:
       dropout_rng = self.make_rng('dropout')
-    out, weights = attention.dot_product_attention(
-        q, k, v, mask, dropout_rate=cfg.attention_dropout_rate,
-        dropout_rng=dropout_rng, return_weights=True)
-    self.sow('intermediates', 'attention_weights', weights)
-    return dense(cfg.d_model, ('joined_kv', 'embed'), 'out', dtype)(
-        attention.merge_heads(out))
+    impl = cfg.attention_impl
+    if impl == 'auto':
+      impl = ('reference' if dropout_rng is not None else
+              attention.resolve_implementation('auto', dtype))
+    if impl == 'reference':
+      out, weights = attention.dot_product_attention(
+          q, k, v, mask, bias, dropout_rate=cfg.attention_dropout_rate,
+          dropout_rng=dropout_rng, return_weights=True)
+      self.sow('intermediates', 'attention_weights', weights)
+    else:
+      out = attention.dot_product_attention(q, k, v, mask, bias,
+                                            implementation=impl)
+    return dense(cfg.d_model, ('joined_kv', 'embed'), 'out', dtype,
+                 cfg.use_bias)(attention.merge_heads(out))
 
-  def _update_self_cache(self, k, v, cache_len, step):
-    """Write ``[batch, q, heads, head_dim]`` new K/V at ``step``; return the cache.
+  def _update_self_cache(self, k, v, positions, cache_len, step):
+    """Write ``[batch, q, kv_heads, head_dim]`` new K/V at ``step``.
 
-    Returns the full cached keys and values ``[batch, cache_len, heads,
-    head_dim]`` and the causal mask ``[1, 1, q, cache_len]`` over them (new
-    position ``step + i`` sees cached positions ``0 .. step + i``).
+    Returns the full cached keys and values ``[batch, cache_len, kv_heads,
+    head_dim]``, the cached key positions ``[batch, cache_len]`` (when
+    ``positions`` of the new tokens are given, for ALiBi; else None) and the
+    causal mask ``[1, 1, q, cache_len]`` over the slots (new slot ``step + i``
+    sees slots ``0 .. step + i``).
     """
     batch, length, heads, head_dim = k.shape
     if not self.has_variable('cache', 'cached_key') and cache_len is None:
@@ -220,10 +272,17 @@ class MultiHeadAttention(nn.Module):
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k, start)
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v,
                                                       start)
-    positions = step + jnp.arange(length)
+    key_positions = None
+    if positions is not None and self.config.positional == 'alibi':
+      cached_position = self.variable('cache', 'cached_position', jnp.zeros,
+                                      shape[:2], jnp.int32)
+      cached_position.value = jax.lax.dynamic_update_slice(
+          cached_position.value, positions.astype(jnp.int32), (0, step))
+      key_positions = cached_position.value
+    slots = step + jnp.arange(length)
     keys = jnp.arange(cached_key.value.shape[1])
-    mask = (keys[None, :] <= positions[:, None])[None, None]
-    return cached_key.value, cached_value.value, mask
+    mask = (keys[None, :] <= slots[:, None])[None, None]
+    return cached_key.value, cached_value.value, key_positions, mask
 
 
 class Sublayer(nn.Module):

@@ -19,18 +19,27 @@ from xfmr_jax.layers import (Dropout, FeedForward, MultiHeadAttention, Norm,
 
 
 class EncoderLayer(nn.Module):
-  """Self-attention then FFN, each wrapped in :class:`Sublayer`."""
+  """Self-attention then FFN, each wrapped in :class:`Sublayer`.
+
+  Also the block of a decoder-only model (a causal ``mask``), which decodes
+  incrementally like :class:`DecoderLayer`'s self-attention.
+  """
   config: ModelConfig
   scanned: bool = False  # nn.scan wants ``(carry, output)`` back
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool):
-    """x: ``[batch, length, d_model]``; mask: ``[batch, 1, length, length]``."""
+  def __call__(self, x, mask, positions, deterministic: bool,
+               decode: int | None = None, step=None):
+    """x: ``[batch, length, d_model]``; mask: ``[batch, 1, length, length]``;
+    positions: ``[batch, length]`` (used by RoPE and ALiBi)."""
     cfg = self.config
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+    cache = {} if decode is None else dict(cache='self', cache_len=decode,
+                                           step=step)
     attn = MultiHeadAttention(cfg, name='self_attention')
     x = Sublayer(cfg, name='attention_block')(
-        x, lambda h: attn(h, h, mask, deterministic), deterministic)
+        x, lambda h: attn(h, h, mask, deterministic, positions=positions,
+                          **cache), deterministic)
     ffn = FeedForward(cfg, name='ffn')
     x = Sublayer(cfg, name='ffn_block')(x, ffn, deterministic)
     return (x, None) if self.scanned else x
@@ -42,9 +51,10 @@ class DecoderLayer(nn.Module):
   scanned: bool = False
 
   @nn.compact
-  def __call__(self, y, encoded, self_mask, cross_mask, deterministic: bool,
-               decode: int | None = None, step=None):
-    """y: ``[batch, t, d_model]``; encoded: ``[batch, s, d_model]``.
+  def __call__(self, y, encoded, self_mask, cross_mask, positions,
+               deterministic: bool, decode: int | None = None, step=None):
+    """y: ``[batch, t, d_model]``; encoded: ``[batch, s, d_model]``;
+    positions: ``[batch, t]`` target positions (for RoPE and ALiBi).
 
     With ``decode`` (the self-attention cache length) the layer decodes
     incrementally: ``y`` holds positions ``step ..`` only, keys and values live
@@ -59,7 +69,8 @@ class DecoderLayer(nn.Module):
       cross_cache = dict(cache='cross')
     self_attn = MultiHeadAttention(cfg, name='self_attention')
     y = Sublayer(cfg, name='self_attention_block')(
-        y, lambda h: self_attn(h, h, self_mask, deterministic, **self_cache),
+        y, lambda h: self_attn(h, h, self_mask, deterministic,
+                               positions=positions, **self_cache),
         deterministic)
     cross_attn = MultiHeadAttention(cfg, name='cross_attention')
     y = Sublayer(cfg, name='cross_attention_block')(
@@ -79,13 +90,15 @@ def _stack(layer_cls, cfg: ModelConfig, num_layers: int, num_broadcast: int,
   decoding caches) have a leading ``layers`` axis, so compile time does not
   grow with depth; with ``cfg.remat`` each layer's activations are recomputed
   in the backward pass. ``static_argnums`` (counting the module as 0 and the
-  carry as 1) defaults to the last broadcast argument (``deterministic``).
+  carry as 1) defaults to ``deterministic`` and ``decode``, the last two but
+  one broadcast arguments.
   """
   cls = layer_cls
   if cfg.remat:
     # Argument 0 is the module itself, 1 the carried activations.
     cls = nn.remat(cls, prevent_cse=not cfg.scan_layers,
-                   static_argnums=static_argnums or (num_broadcast + 1,))
+                   static_argnums=static_argnums or (num_broadcast - 1,
+                                                     num_broadcast))
   if cfg.scan_layers:
     scanned = nn.scan(cls, variable_axes={'params': 0, 'intermediates': 0,
                                           'cache': 0},
@@ -108,7 +121,8 @@ class Embedder(nn.Module):
   """Token embedding times sqrt(d_model) plus positions (section 3.4-3.5).
 
   ``attend`` reuses the same matrix as the pre-softmax projection when
-  embeddings are shared.
+  embeddings are shared. RoPE and ALiBi add nothing here: they act inside
+  self-attention.
   """
   config: ModelConfig
   vocab_size: int
@@ -145,6 +159,13 @@ class Embedder(nn.Module):
                       preferred_element_type=jnp.float32)
 
 
+def default_positions(tokens, positions=None):
+  """``positions`` if given, else ``0 .. length-1`` for every row ``[batch, length]``."""
+  if positions is not None:
+    return positions
+  return jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
+
+
 def shift_right(targets, segmentation=None):
   """Decoder inputs: targets shifted one step right, 0 (pad) as start symbol.
 
@@ -168,12 +189,14 @@ class Transformer(nn.Module):
     self.target_embed = (self.source_embed if cfg.share_embeddings else
                          Embedder(cfg, cfg.vocab_size))
     self.embed_dropout = Dropout(cfg.dropout_rate)
-    self.encoder_layers = _stack(EncoderLayer, cfg, cfg.num_encoder_layers, 2,
+    # Broadcast: mask, positions, deterministic (static), decode (static
+    # cache length or None), step.
+    self.encoder_layers = _stack(EncoderLayer, cfg, cfg.num_encoder_layers, 5,
                                  'encoder')
-    # Broadcast: encoded, self_mask, cross_mask, deterministic (static),
-    # decode (static cache length or None), step.
-    self.decoder_layers = _stack(DecoderLayer, cfg, cfg.num_decoder_layers, 6,
-                                 'decoder', static_argnums=(5, 6))
+    # Broadcast: encoded, self_mask, cross_mask, positions, deterministic,
+    # decode, step.
+    self.decoder_layers = _stack(DecoderLayer, cfg, cfg.num_decoder_layers, 7,
+                                 'decoder')
     if cfg.norm_position == 'pre':  # pre-LN leaves the stack output unnormalised
       self.encoder_norm = Norm(cfg)
       self.decoder_norm = Norm(cfg)
@@ -187,9 +210,10 @@ class Transformer(nn.Module):
              deterministic: bool = True):
     """inputs: ``[batch, s]`` ids -> encoded ``[batch, s, d_model]``."""
     mask = self.encoder_mask(inputs, inputs_segmentation)
-    x = self.source_embed(inputs, inputs_position)
+    positions = default_positions(inputs, inputs_position)
+    x = self.source_embed(inputs, positions)
     x = self.embed_dropout(x, deterministic=deterministic)
-    x = self.encoder_layers(x, mask, deterministic)
+    x = self.encoder_layers(x, mask, positions, deterministic, None, None)
     if self.config.norm_position == 'pre':
       x = self.encoder_norm(x)
     return x
@@ -198,8 +222,8 @@ class Transformer(nn.Module):
              targets_segmentation=None, targets_position=None,
              deterministic: bool = True):
     """Teacher-forced decoder: ``[batch, t]`` targets -> logits ``[batch, t, V]``."""
-    y = self.target_embed(shift_right(targets, targets_segmentation),
-                          targets_position)
+    positions = default_positions(targets, targets_position)
+    y = self.target_embed(shift_right(targets, targets_segmentation), positions)
     y = self.embed_dropout(y, deterministic=deterministic)
     # Shifted inputs start with the pad id, so padding is read off the targets.
     self_mask = masks.combine_masks(
@@ -211,8 +235,8 @@ class Transformer(nn.Module):
         masks.padding_mask(targets, inputs),
         None if targets_segmentation is None else
         masks.segment_mask(targets_segmentation, inputs_segmentation))
-    y = self.decoder_layers(y, encoded, self_mask, cross_mask, deterministic,
-                            None, None)
+    y = self.decoder_layers(y, encoded, self_mask, cross_mask, positions,
+                            deterministic, None, None)
     if self.config.norm_position == 'pre':
       y = self.decoder_norm(y)
     return self.logits(y)
@@ -241,10 +265,22 @@ class Transformer(nn.Module):
                                  tokens.shape)
     y = self.target_embed(tokens, positions)
     cross_mask = (inputs != masks.PAD_ID)[:, None, None, :]
-    y = self.decoder_layers(y, encoded, None, cross_mask, True, cache_len, step)
+    y = self.decoder_layers(y, encoded, None, cross_mask, positions, True,
+                            cache_len, step)
     if self.config.norm_position == 'pre':
       y = self.decoder_norm(y)
     return self.logits(y)
+
+  def init_cache(self, inputs, cache_len: int):
+    """Encode ``inputs`` ``[batch, s]`` and build the decoding cache.
+
+    Apply with ``mutable=['cache']``: a zero-length :meth:`decode_step` creates
+    the self-attention buffers of ``cache_len`` positions and caches the
+    cross-attention K/V of the encoder output, without decoding anything.
+    """
+    encoded = self.encode(inputs)
+    nothing = jnp.zeros((inputs.shape[0], 0), jnp.int32)
+    self.decode_step(inputs, nothing, 0, encoded, cache_len=cache_len)
 
   def logits(self, y):
     if self.config.share_embeddings:
@@ -267,3 +303,14 @@ class Transformer(nn.Module):
                           deterministic)
     return self.decode(encoded, inputs, targets, inputs_segmentation,
                        targets_segmentation, targets_position, deterministic)
+
+
+def build(config: ModelConfig) -> nn.Module:
+  """The model of ``config.model_kind``: :class:`Transformer` (encoder-decoder),
+  :class:`~xfmr_jax.decoder_only.DecoderOnly` or
+  :class:`~xfmr_jax.encoder_only.EncoderOnly`."""
+  from xfmr_jax import decoder_only, encoder_only  # they import this module
+  kinds = {'encoder_decoder': Transformer,
+           'decoder_only': decoder_only.DecoderOnly,
+           'encoder_only': encoder_only.EncoderOnly}
+  return kinds[config.model_kind](config)

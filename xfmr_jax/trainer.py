@@ -21,9 +21,9 @@ import sacrebleu
 import tqdm
 
 from xfmr_jax import checkpoint, data, optim, sharding, train
+from xfmr_jax import model as model_lib
 from xfmr_jax.config import ModelConfig
 from xfmr_jax.data import pipeline
-from xfmr_jax.model import Transformer
 from xfmr_jax.tokenizer import Tokenizer
 from xfmr_jax.translate import Translator
 
@@ -75,7 +75,10 @@ def validate_config(config) -> None:
   if config.batch_size % jax.process_count():
     raise ConfigError(f'config.batch_size={config.batch_size} is not divisible '
                       f'by the {jax.process_count()} processes')
-  model_config(config, config.vocab_size)  # model fields, heads | d_model
+  if model_config(config, config.vocab_size).model_kind == 'encoder_only':
+    raise ConfigError("config.model.model_kind='encoder_only' tags tokens; "
+                      'this trainer translates (train a tagger with '
+                      'python -m experiments.train_tagger)')
   validate_sharding(config)
   kind, colon, spec = config.dataset.partition(':')
   if colon and kind in ('tsv', 'files'):
@@ -235,7 +238,7 @@ def _stop_requests():
 
 def build(config, vocab_size: int):
   """Model and optimiser for ``config``."""
-  model = Transformer(model_config(config, vocab_size))
+  model = model_lib.build(model_config(config, vocab_size))
   tx = optim.make_optimizer(
       d_model=config.model.d_model, warmup_steps=config.warmup_steps,
       lr_scale=config.lr_scale, b1=config.adam_b1, b2=config.adam_b2,

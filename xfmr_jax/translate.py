@@ -49,6 +49,8 @@ class Translator:
     self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
     self._rng = jax.random.key(seed)
     self.max_input = model.config.max_len
+    if model.config.model_kind == 'decoder_only':  # source and output share it
+      self.max_input //= 2
 
   @classmethod
   def from_workdir(cls, workdir: str, step: int | None = None, **kwargs):

@@ -34,7 +34,12 @@ def get_config() -> ml_collections.ConfigDict:
       d_ff=2048, dropout_rate=0.1, attention_dropout_rate=0.0, max_len=512,
       positional='sinusoidal', norm_position='post', norm_type='layernorm',
       activation='relu', share_embeddings=True, dtype='float32',
-      scan_layers=False, remat=False))
+      scan_layers=False, remat=False,
+      # The seed's variants (see ModelConfig): positional 'rope'/'alibi',
+      # activation 'swiglu', num_kv_heads < num_heads (GQA, 1 = MQA),
+      # use_bias, model_kind 'decoder_only', attention_impl.
+      num_kv_heads=0, use_bias=True, model_kind='encoder_decoder',
+      attention_impl='auto'))
   # Optimisation (section 5.3-5.4).
   c.batch_size = 64            # rows per step (all processes together)
   c.num_train_steps = 100_000

@@ -1,0 +1,135 @@
+"""A decoder-only (GPT-style) Transformer: translation as conditional LM.
+
+The seed warns that "Transformer" is not only the encoder-decoder. Here one
+causal stack reads ``source EOS <sep> target`` as a single sequence and is
+trained to predict the target part; ``<sep>`` is the EOS id again (the toy
+vocabulary reserves no other id), standing where the encoder-decoder's
+decoder has its start symbol.
+
+The interface is the encoder-decoder's, so training, evaluation, decoding and
+sharding use the model unchanged: ``__call__(inputs, targets, ...)`` returns
+target logits ``[batch, t, vocab]``, ``init_cache`` runs the source through
+the stack once (the "prefill", caching its keys and values) and
+``decode_step`` extends the target one cached step at a time.
+
+Layout: the 0-padded ``inputs [batch, s]`` occupy slots ``0 .. s-1`` and the
+target part slots ``s ..``; source padding is masked as keys, and each target
+token's position (for the positional scheme) is counted from its own source
+length, so a row reads as if it had no padding. Packed rows work too: source
+and target segment ``k`` are one sequence.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from xfmr_jax import masks
+from xfmr_jax.config import ModelConfig
+from xfmr_jax.layers import Dropout, Norm
+from xfmr_jax.model import (EncoderLayer, Embedder, _stack, default_positions,
+                            shift_right)
+
+SEP_ID = 1  # the EOS id, reused as the separator / start of the target part
+
+
+def source_lengths(source_segments, target_segments):
+  """Tokens of each target token's own source ``[batch, t]``.
+
+  Args:
+    source_segments: ``[batch, s]`` segment ids (0 = padding).
+    target_segments: ``[batch, t]`` segment ids of the target tokens.
+  """
+  same = source_segments[:, None, :] == target_segments[:, :, None]
+  return jnp.sum(same & (source_segments[:, None, :] != 0), axis=-1)
+
+
+class DecoderOnly(nn.Module):
+  """A causal stack of ``num_decoder_layers`` self-attention + FFN blocks.
+
+  ``num_encoder_layers`` is unused. See the module docstring for the layout.
+  """
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embed = Embedder(cfg, cfg.vocab_size)
+    self.embed_dropout = Dropout(cfg.dropout_rate)
+    self.layers = _stack(EncoderLayer, cfg, cfg.num_decoder_layers, 5,
+                         'decoder')
+    if cfg.norm_position == 'pre':
+      self.final_norm = Norm(cfg)
+    if not cfg.share_embeddings:
+      self.output_projection = nn.Dense(
+          cfg.vocab_size, use_bias=False, name='logits',
+          kernel_init=nn.with_logical_partitioning(
+              nn.initializers.xavier_uniform(), ('embed', 'vocab')))
+
+  def _run(self, tokens, mask, positions, deterministic, decode=None,
+           step=None):
+    x = self.embed(tokens, positions)
+    x = self.embed_dropout(x, deterministic=deterministic)
+    x = self.layers(x, mask, positions, deterministic, decode, step)
+    if self.config.norm_position == 'pre':
+      x = self.final_norm(x)
+    if self.config.share_embeddings:
+      return self.embed.attend(x)
+    return self.output_projection(x).astype(jnp.float32)
+
+  def __call__(self, inputs, targets, inputs_segmentation=None,
+               targets_segmentation=None, inputs_position=None,
+               targets_position=None, deterministic: bool = True):
+    """inputs ``[batch, s]``, targets ``[batch, t]`` -> logits ``[batch, t, V]``.
+
+    Same arguments as :class:`~xfmr_jax.model.Transformer`.
+    """
+    s = inputs.shape[1]
+    src_seg = (inputs != masks.PAD_ID).astype(jnp.int32)
+    tgt_seg = (targets != masks.PAD_ID).astype(jnp.int32)
+    if inputs_segmentation is not None:
+      src_seg, tgt_seg = inputs_segmentation, targets_segmentation
+    # Decoder inputs of the target part: the targets shifted right, with the
+    # separator where each target starts.
+    shifted = shift_right(targets, targets_segmentation)
+    shifted = jnp.where((shifted == masks.PAD_ID) & (tgt_seg != 0), SEP_ID,
+                        shifted)
+    tokens = jnp.concatenate([inputs, shifted], axis=1)
+    positions = jnp.concatenate([
+        default_positions(inputs, inputs_position),
+        source_lengths(src_seg, tgt_seg) +
+        default_positions(targets, targets_position)], axis=1)
+    segments = jnp.concatenate([src_seg, tgt_seg], axis=1)
+    mask = masks.combine_masks(
+        masks.causal_mask(tokens.shape[1]),
+        masks.segment_mask(segments, segments),
+        (segments != 0)[:, None, None, :])
+    return self._run(tokens, mask, positions, deterministic)[:, s:]
+
+  def _cache_mask(self, inputs, cache_len):
+    """Keys ``[batch, 1, 1, s + cache_len]``: source padding is invisible."""
+    visible = jnp.concatenate(
+        [inputs != masks.PAD_ID,
+         jnp.ones((inputs.shape[0], cache_len), bool)], axis=1)
+    return visible[:, None, None, :]
+
+  def init_cache(self, inputs, cache_len: int):
+    """Prefill: run the source ``[batch, s]`` through the stack, caching its
+    keys and values in ``s + cache_len`` slots (``cache_len`` for the target).
+    Apply with ``mutable=['cache']``."""
+    s = inputs.shape[1]
+    self._run(inputs, self._cache_mask(inputs, cache_len),
+              default_positions(inputs), True, s + cache_len, 0)
+
+  def decode_step(self, inputs, tokens, step, encoded=None, *, cache_len: int):
+    """Logits ``[batch, n, vocab]`` for target positions ``step .. step+n-1``.
+
+    As :meth:`Transformer.decode_step`; the start symbol 0 of position 0 is
+    read as the separator. ``encoded`` must be None (there is no encoder).
+    """
+    if encoded is not None:
+      raise ValueError('a decoder-only model has no encoder output to cache')
+    s = inputs.shape[1]
+    tokens = jnp.where(tokens == masks.PAD_ID, SEP_ID, tokens)
+    lengths = jnp.sum(inputs != masks.PAD_ID, axis=1, keepdims=True)
+    positions = lengths + step + jnp.arange(tokens.shape[1])
+    return self._run(tokens, self._cache_mask(inputs, cache_len), positions,
+                     True, s + cache_len, s + step)

@@ -1,0 +1,47 @@
+"""An encoder-only (BERT-style) Transformer with a token-level head.
+
+The encoder stack of the paper, bidirectional, and a linear head giving
+``config.num_labels`` logits per token. The interface matches the other
+models so the same train and eval steps run it: ``__call__(inputs, targets,
+...)`` where ``targets [batch, s]`` are the labels aligned with ``inputs``
+(0 = padding, ignored by the loss; the model does not read them). The toy
+task it is trained on is :mod:`xfmr_jax.data.toy_tagging`.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from xfmr_jax.config import ModelConfig
+from xfmr_jax.layers import Dropout, Norm, dense
+from xfmr_jax.model import (EncoderLayer, Embedder, Transformer, _stack,
+                            default_positions)
+
+
+class EncoderOnly(nn.Module):
+  """``num_encoder_layers`` encoder layers and a ``d_model -> num_labels`` head."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embed = Embedder(cfg, cfg.vocab_size)
+    self.embed_dropout = Dropout(cfg.dropout_rate)
+    self.layers = _stack(EncoderLayer, cfg, cfg.num_encoder_layers, 5,
+                         'encoder')
+    if cfg.norm_position == 'pre':
+      self.final_norm = Norm(cfg)
+    self.head = dense(cfg.num_labels, ('embed', None), 'head')
+
+  def __call__(self, inputs, targets=None, inputs_segmentation=None,
+               targets_segmentation=None, inputs_position=None,
+               targets_position=None, deterministic: bool = True):
+    """inputs ``[batch, s]`` -> float32 label logits ``[batch, s, num_labels]``."""
+    del targets, targets_segmentation, targets_position  # labels: loss only
+    mask = Transformer.encoder_mask(inputs, inputs_segmentation)
+    positions = default_positions(inputs, inputs_position)
+    x = self.embed(inputs, positions)
+    x = self.embed_dropout(x, deterministic=deterministic)
+    x = self.layers(x, mask, positions, deterministic, None, None)
+    if self.config.norm_position == 'pre':
+      x = self.final_norm(x)
+    return self.head(x).astype(jnp.float32)
