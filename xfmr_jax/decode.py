@@ -405,6 +405,10 @@ def attention_maps(model, variables, inputs, outputs):
     (after EOS) are zero.
   """
   cfg = model.config
+  if cfg.model_kind != 'encoder_decoder' or cfg.attention_impl not in (
+      'auto', 'reference'):
+    raise ValueError('attention maps are drawn for an encoder_decoder model '
+                     "with attention_impl 'reference' (or 'auto' on CPU)")
   _, state = model.apply(_variables(variables), inputs, outputs,
                          mutable=['intermediates'])
   tree = state['intermediates']
