@@ -292,25 +292,35 @@ def interleave(runners: dict, rounds: int) -> dict:
 
 # -------------------------------------------------------------------- train --
 
-def bench_train(size: str, *, rounds: int, variants: bool, use_torch: bool,
+def bench_train(size: str, *, rounds: int, variants, use_torch: bool,
                 peak_n: int, dtype: str = 'float32',
                 batch_size: int | None = None,
                 length: int | None = None) -> dict:
+  """One size's train step, timed side by side with its variants (True:
+  VARIANTS; or a dict name -> ModelConfig changes), torch and the matmul peak.
+  A variant that cannot be built here is reported, not fatal."""
   spec = SIZES[size]
   batch_size = batch_size or spec['batch']
   length = length or spec['length']
   cfg = config_lib.ModelConfig(**spec['model'], dropout_rate=DROPOUT,
-                               dtype=dtype)
+                               dtype=dtype, attention_impl='reference')
   batch = random_batch(cfg.vocab_size, batch_size, length)
   peak = MatmulPeak(peak_n, jnp.bfloat16 if dtype == 'bfloat16' else
                     jnp.float32)
   configs = {'main': cfg}
   if variants:
-    configs.update({k: cfg.replace(**v) for k, v in VARIANTS.items()})
-  runners = {}
+    chosen = VARIANTS if variants is True else variants
+    configs.update({k: cfg.replace(**v) for k, v in chosen.items()})
+  runners, unavailable = {}, {}
   for name, c in configs.items():
     log(f'[{size}] compiling {name} ...')
-    runners[name] = JaxTrain(c, batch)
+    try:
+      runners[name] = JaxTrain(c, batch)
+    except Exception as e:  # pylint: disable=broad-except
+      if name == 'main':
+        raise
+      unavailable[name] = f'{type(e).__name__}: {str(e)[:200]}'
+      log(f'[{size}] {name} unavailable: {unavailable[name]}')
   if use_torch:
     log(f'[{size}] building torch ...')
     runners['torch'] = TorchTrain(cfg, batch)
@@ -323,7 +333,7 @@ def bench_train(size: str, *, rounds: int, variants: bool, use_torch: bool,
   out = dict(size=size, batch=batch_size, length=length, tokens_per_step=tokens,
              model=dataclasses.asdict(cfg), model_flops_per_step=flops,
              matmul_n=peak_n, matmul_peak_flops=float(np.median(peak_flops)),
-             rounds=rounds, runs={})
+             rounds=rounds, runs={}, unavailable=unavailable)
   for name, ts in times.items():
     ts = np.array(ts)
     run = runners[name]
@@ -507,7 +517,12 @@ def gpu_check(quick: bool = False) -> dict:
   res['train'] = []
   for size in sizes:
     b, length = train_shape[size]
-    r = bench_train(size, rounds=rounds, variants=False, use_torch=False,
+    # The main run uses the einsum attention; the fused kernels side by side.
+    r = bench_train(size, rounds=rounds, use_torch=False,
+                    variants=dict(xla_attention=dict(attention_impl='xla'),
+                                  cudnn_attention=dict(
+                                      attention_impl='cudnn')) if on_gpu
+                    else dict(xla_attention=dict(attention_impl='xla')),
                     peak_n=peak_n, dtype=dtype, batch_size=b, length=length)
     res['train'].append(r)
   res['attention'] = bench_attention(**attn)
@@ -529,7 +544,7 @@ def format_tables(res: dict) -> str:
   if res.get('train'):
     lines.append('train step (median of alternating rounds; dropout 0.1 '
                  'unless noted)')
-    hdr = (f"{'size':6} {'run':10} {'step ms':>9} {'tok/s':>8} "
+    hdr = (f"{'size':6} {'run':15} {'step ms':>9} {'tok/s':>8} "
            f"{'vs torch':>8} {'MFU':>6} {'compile s':>9} {'GFLOP':>7} "
            f"{'peak GF/s':>9} {'xla MB':>7} {'rss MB':>7}")
     lines += [hdr, '-' * len(hdr)]
@@ -540,12 +555,14 @@ def format_tables(res: dict) -> str:
         ratio = f"{ratios[name]:.2f}x" if name in ratios else '-'
         comp = f"{row['compile_s']:.1f}" if 'compile_s' in row else '-'
         lines.append(
-            f"{r['size']:6} {name:10} {row['step_s'] * 1e3:9.1f} "
+            f"{r['size']:6} {name:15} {row['step_s'] * 1e3:9.1f} "
             f"{row['tokens_per_s']:8.0f} {ratio:>8} {row['mfu']:6.1%} "
             f"{comp:>9} {r['model_flops_per_step'] / 1e9:7.1f} "
             f"{r['matmul_peak_flops'] / 1e9:9.1f} "
             f"{_mb(mem.get('xla_step_bytes')):>7} "
             f"{_mb(mem.get('rss_delta_bytes')):>7}")
+      for name, why in r.get('unavailable', {}).items():
+        lines.append(f"{r['size']:6} {name:15} unavailable: {why[:80]}")
     lines.append('')
   if res.get('decode'):
     lines.append('decoding (generated tokens/s; output length '

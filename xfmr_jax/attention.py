@@ -78,23 +78,19 @@ def attention_weights(query: jnp.ndarray, key: jnp.ndarray,
   return jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
 
 
-def resolve_implementation(name: str, dtype=jnp.float32,
-                           backend: str | None = None) -> str:
+def resolve_implementation(name: str, backend: str | None = None) -> str:
   """The implementation to use for ``name`` ('auto' or one of IMPLEMENTATIONS).
 
-  'auto' is 'cudnn' on a GPU for 16-bit compute (its flash kernel; float32 is
-  not supported by it), 'xla' on other GPU runs, 'pallas' on TPU when jax ships
-  the kernel, else 'xla', and 'reference' on CPU, where the einsum path is
-  what the benchmark measures. An explicit choice the backend cannot run is an
+  'auto' is 'reference' on CPU (the einsum path the benchmark measures) and
+  'xla' (``jax.nn.dot_product_attention``, jax's own default) on GPU and TPU.
+  The hardware kernels, 'cudnn' and 'pallas', are chosen explicitly: they
+  accept fewer shapes and dtypes, and ``experiments/gpu_check.sh`` compares
+  them side by side first. An explicit choice the backend cannot run is an
   error, never a silent fallback.
   """
   backend = backend or jax.default_backend()
   if name == 'auto':
-    if backend == 'gpu':
-      return 'cudnn' if jnp.dtype(dtype).itemsize == 2 else 'xla'
-    if backend == 'tpu':
-      return 'pallas' if _pallas_flash() is not None else 'xla'
-    return 'reference'
+    return 'reference' if backend == 'cpu' else 'xla'
   if name not in IMPLEMENTATIONS:
     raise ValueError(f'attention implementation {name!r} is not one of '
                      f"{('auto',) + IMPLEMENTATIONS}")
@@ -167,14 +163,12 @@ def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
     ``[batch, q_length, heads, head_dim_v]`` in ``query.dtype`` (and the
     weights). Queries with no visible key get 0 in every implementation.
   """
-  if implementation == 'auto':
-    implementation = resolve_implementation('auto', query.dtype)
+  if implementation != 'reference':
+    implementation = resolve_implementation(implementation)  # or a clear error
   if implementation != 'reference':
     if return_weights or (dropout_rate > 0.0 and dropout_rng is not None):
       raise ValueError(f'implementation {implementation!r} neither returns '
                        "nor drops out attention weights; use 'reference'")
-    if implementation not in IMPLEMENTATIONS:
-      resolve_implementation(implementation)  # raises the clear error
     out = _fused(query, key, value, mask, bias, implementation)
     if mask is not None:  # fused kernels average a fully masked row instead
       visible = jnp.any(mask, axis=-1).transpose(0, 2, 1)[..., None]

@@ -240,7 +240,7 @@ class MultiHeadAttention(nn.Module):
     impl = cfg.attention_impl
     if impl == 'auto':
       impl = ('reference' if dropout_rng is not None else
-              attention.resolve_implementation('auto', dtype))
+              attention.resolve_implementation('auto'))
     if impl == 'reference':
       out, weights = attention.dot_product_attention(
           q, k, v, mask, bias, dropout_rate=cfg.attention_dropout_rate,
