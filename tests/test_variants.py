@@ -263,26 +263,22 @@ def test_bias_free_layers_have_no_biases():
 
 # ------------------------------------------------ the small cross-product --
 
-COMBOS = {
-    'ed_rope_mqa_swiglu_rms_pre_nobias': dict(
-        positional='rope', num_kv_heads=1, activation='swiglu',
-        norm_type='rmsnorm', norm_position='pre', use_bias=False),
-    'ed_alibi_gqa_gelu_xla': dict(positional='alibi', num_kv_heads=2,
-                                  activation='gelu', attention_impl='xla'),
-    'ed_learned_gqa_rms_scan': dict(positional='learned', num_kv_heads=2,
-                                    norm_type='rmsnorm', scan_layers=True),
-    'do_sinusoidal_mqa_gelu_nobias': dict(
-        model_kind='decoder_only', num_kv_heads=1, activation='gelu',
-        use_bias=False),
-    'do_rope_swiglu_pre_scan_xla': dict(
-        model_kind='decoder_only', positional='rope', activation='swiglu',
-        norm_position='pre', scan_layers=True, attention_impl='xla'),
-    'do_alibi_gqa_rms_remat': dict(
-        model_kind='decoder_only', positional='alibi', num_kv_heads=2,
-        norm_type='rmsnorm', remat=True),
-    'do_learned_pre': dict(model_kind='decoder_only', positional='learned',
-                           norm_position='pre'),
-}
+# Model kind x positional scheme, the two switches the cache depends on; the
+# other switches come in bundles, rotated so that each kind meets every
+# bundle and each scheme two of them.
+BUNDLES = (
+    dict(num_kv_heads=1, activation='swiglu', norm_type='rmsnorm',
+         norm_position='pre', use_bias=False),
+    dict(num_kv_heads=2, activation='gelu', attention_impl='xla'),
+    dict(num_kv_heads=2, norm_type='rmsnorm', scan_layers=True),
+    dict(norm_position='pre', remat=True, use_bias=False),
+)
+COMBOS = {}
+for _k, _kind in enumerate(('encoder_decoder', 'decoder_only')):
+  for _p, _scheme in enumerate(('sinusoidal', 'learned', 'rope', 'alibi')):
+    _b = (_p + _k) % len(BUNDLES)
+    COMBOS[f'{_kind}-{_scheme}-bundle{_b}'] = dict(
+        model_kind=_kind, positional=_scheme, **BUNDLES[_b])
 
 
 @pytest.mark.parametrize('combo', list(COMBOS))
@@ -388,3 +384,26 @@ def test_encoder_only_learns_the_tagging_task(data_dir):
                    steps=150, vocab_size=300, eval_sentences=300)
   assert r['majority_baseline'] < 0.4
   assert r['accuracy'] > r['majority_baseline'] + 0.3, r
+
+
+def test_pallas_path_hands_the_kernel_the_right_arrays(rng, monkeypatch):
+  """The TPU kernel cannot run here; a float64 stand-in with its signature
+  (``[batch, heads, length, d]``, one additive bias, ``sm_scale``) checks the
+  layout, the per-group K/V heads and the mask-to-bias conversion."""
+  def kernel(q, k, v, ab=None, *, sm_scale=1.0):
+    s = np.einsum('bhqd,bhkd->bhqk', np.float64(q), np.float64(k)) * sm_scale
+    s = s + (0 if ab is None else np.asarray(ab, np.float64))
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return jnp.asarray(np.einsum('bhqk,bhkd->bhqd', w / w.sum(-1, keepdims=True),
+                                 np.float64(v)), jnp.float32)
+  monkeypatch.setattr(attention, '_pallas_flash', lambda: kernel)
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'tpu')
+  q = jnp.asarray(rng.normal(size=(2, 5, 4, 8)), jnp.float32)
+  k, v = (jnp.asarray(rng.normal(size=(2, 7, 2, 8)), jnp.float32)
+          for _ in range(2))
+  mask = jnp.asarray(rng.random((2, 1, 5, 7)) < 0.7).at[0, 0, 1].set(False)
+  bias = positional.alibi_bias(jnp.arange(5)[None], jnp.arange(7)[None], 4)
+  got = attention.dot_product_attention(q, k, v, mask, bias,
+                                        implementation='pallas')
+  want = attention.dot_product_attention(q, k, v, mask, bias)
+  np.testing.assert_allclose(got, want, atol=1e-5)
