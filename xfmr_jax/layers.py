@@ -151,19 +151,21 @@ class FeedForward(nn.Module):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     xavier = nn.initializers.xavier_uniform()
+    zeros = nn.initializers.zeros
+    biased = cfg.use_bias and cfg.activation != 'swiglu'
+    # Parameters are drawn in creation order: keep wi, bi, wo, bo so a given
+    # seed initialises the paper's model as it always has.
     w1 = _param(self, 'wi', xavier, (cfg.d_model, cfg.d_ff), ('embed', 'mlp'))
+    b1 = _param(self, 'bi', zeros, (cfg.d_ff,), ('mlp',)) if biased else None
     w2 = _param(self, 'wo', xavier, (cfg.d_ff, cfg.d_model), ('mlp', 'embed'))
+    b2 = (_param(self, 'bo', zeros, (cfg.d_model,), ('embed',)) if biased
+          else None)
     cast = lambda *ps: [None if p is None else p.astype(dtype) for p in ps]
     x = x.astype(dtype)
     if cfg.activation == 'swiglu':
       gate = _param(self, 'wi_gate', xavier, (cfg.d_model, cfg.d_ff),
                     ('embed', 'mlp'))
       return swiglu_feed_forward(x, *cast(gate, w1, w2))
-    b1 = b2 = None
-    if cfg.use_bias:
-      b1 = _param(self, 'bi', nn.initializers.zeros, (cfg.d_ff,), ('mlp',))
-      b2 = _param(self, 'bo', nn.initializers.zeros, (cfg.d_model,),
-                  ('embed',))
     return feed_forward(x, *cast(w1, b1, w2, b2),
                         activation=ACTIVATIONS[cfg.activation])
 
