@@ -25,9 +25,8 @@ import jax.numpy as jnp
 
 from xfmr_jax import masks
 from xfmr_jax.config import ModelConfig
-from xfmr_jax.layers import Dropout, Norm
-from xfmr_jax.model import (EncoderLayer, Embedder, _stack, default_positions,
-                            shift_right)
+from xfmr_jax.model import (SelfAttentionStack, default_positions,
+                            output_projection, shift_right)
 
 SEP_ID = 1  # the EOS id, reused as the separator / start of the target part
 
@@ -52,27 +51,16 @@ class DecoderOnly(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.embed = Embedder(cfg, cfg.vocab_size)
-    self.embed_dropout = Dropout(cfg.dropout_rate)
-    self.layers = _stack(EncoderLayer, cfg, cfg.num_decoder_layers, 5,
-                         'decoder')
-    if cfg.norm_position == 'pre':
-      self.final_norm = Norm(cfg)
+    self.body = SelfAttentionStack(cfg, cfg.num_decoder_layers)
     if not cfg.share_embeddings:
-      self.output_projection = nn.Dense(
-          cfg.vocab_size, use_bias=False, name='logits',
-          kernel_init=nn.with_logical_partitioning(
-              nn.initializers.xavier_uniform(), ('embed', 'vocab')))
+      self.output_projection = output_projection(cfg)
 
   def _run(self, tokens, mask, positions, deterministic, decode=None,
            step=None):
-    x = self.embed(tokens, positions)
-    x = self.embed_dropout(x, deterministic=deterministic)
-    x = self.layers(x, mask, positions, deterministic, decode, step)
-    if self.config.norm_position == 'pre':
-      x = self.final_norm(x)
+    """Logits ``[batch, n, vocab]`` of the stack over ``tokens [batch, n]``."""
+    x = self.body(tokens, mask, positions, deterministic, decode, step)
     if self.config.share_embeddings:
-      return self.embed.attend(x)
+      return self.body.embed.attend(x)
     return self.output_projection(x).astype(jnp.float32)
 
   def __call__(self, inputs, targets, inputs_segmentation=None,

@@ -13,9 +13,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from xfmr_jax.config import ModelConfig
-from xfmr_jax.layers import Dropout, Norm, dense
-from xfmr_jax.model import (EncoderLayer, Embedder, Transformer, _stack,
-                            default_positions)
+from xfmr_jax.layers import dense
+from xfmr_jax.model import SelfAttentionStack, Transformer, default_positions
 
 
 class EncoderOnly(nn.Module):
@@ -24,12 +23,7 @@ class EncoderOnly(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.embed = Embedder(cfg, cfg.vocab_size)
-    self.embed_dropout = Dropout(cfg.dropout_rate)
-    self.layers = _stack(EncoderLayer, cfg, cfg.num_encoder_layers, 5,
-                         'encoder')
-    if cfg.norm_position == 'pre':
-      self.final_norm = Norm(cfg)
+    self.body = SelfAttentionStack(cfg, cfg.num_encoder_layers)
     self.head = dense(cfg.num_labels, ('embed', None), 'head')
 
   def __call__(self, inputs, targets=None, inputs_segmentation=None,
@@ -38,10 +32,6 @@ class EncoderOnly(nn.Module):
     """inputs ``[batch, s]`` -> float32 label logits ``[batch, s, num_labels]``."""
     del targets, targets_segmentation, targets_position  # labels: loss only
     mask = Transformer.encoder_mask(inputs, inputs_segmentation)
-    positions = default_positions(inputs, inputs_position)
-    x = self.embed(inputs, positions)
-    x = self.embed_dropout(x, deterministic=deterministic)
-    x = self.layers(x, mask, positions, deterministic, None, None)
-    if self.config.norm_position == 'pre':
-      x = self.final_norm(x)
+    x = self.body(inputs, mask, default_positions(inputs, inputs_position),
+                  deterministic)
     return self.head(x).astype(jnp.float32)

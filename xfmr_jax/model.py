@@ -166,6 +166,42 @@ def default_positions(tokens, positions=None):
   return jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
 
 
+def output_projection(cfg: ModelConfig) -> nn.Dense:
+  """The pre-softmax ``d_model -> vocab`` projection when it is not shared."""
+  return nn.Dense(cfg.vocab_size, use_bias=False, name='logits',
+                  kernel_init=nn.with_logical_partitioning(
+                      nn.initializers.xavier_uniform(), ('embed', 'vocab')))
+
+
+class SelfAttentionStack(nn.Module):
+  """Token embedding, dropout, ``num_layers`` self-attention blocks
+  (:class:`EncoderLayer`) and, under Pre-LN, a final norm: the body of the
+  encoder-only and decoder-only models (bidirectional or causal by ``mask``).
+  """
+  config: ModelConfig
+  num_layers: int
+
+  def setup(self):
+    cfg = self.config
+    self.embed = Embedder(cfg, cfg.vocab_size)
+    self.embed_dropout = Dropout(cfg.dropout_rate)
+    self.layers = _stack(EncoderLayer, cfg, self.num_layers, 5, 'layer')
+    if cfg.norm_position == 'pre':
+      self.final_norm = Norm(cfg)
+
+  def __call__(self, tokens, mask, positions, deterministic: bool,
+               decode: int | None = None, step=None):
+    """tokens, positions: ``[batch, n]`` -> ``[batch, n, d_model]``.
+
+    ``decode``/``step`` as in :class:`EncoderLayer` (cached decoding)."""
+    x = self.embed(tokens, positions)
+    x = self.embed_dropout(x, deterministic=deterministic)
+    x = self.layers(x, mask, positions, deterministic, decode, step)
+    if self.config.norm_position == 'pre':
+      x = self.final_norm(x)
+    return x
+
+
 def shift_right(targets, segmentation=None):
   """Decoder inputs: targets shifted one step right, 0 (pad) as start symbol.
 
@@ -201,10 +237,7 @@ class Transformer(nn.Module):
       self.encoder_norm = Norm(cfg)
       self.decoder_norm = Norm(cfg)
     if not cfg.share_embeddings:
-      self.output_projection = nn.Dense(
-          cfg.vocab_size, use_bias=False, name='logits',
-          kernel_init=nn.with_logical_partitioning(
-              nn.initializers.xavier_uniform(), ('embed', 'vocab')))
+      self.output_projection = output_projection(cfg)
 
   def encode(self, inputs, inputs_segmentation=None, inputs_position=None,
              deterministic: bool = True):
