@@ -85,10 +85,9 @@ def run(shape, state=None, data=None):
   return state, losses
 
 
-@pytest.fixture(scope='module')
-def single_device():
+def train_unsharded(**changes):
   """The unsharded code path (no mesh) on one device: the reference."""
-  model, tx = model_and_optimizer()
+  model, tx = model_and_optimizer(**changes)
   state = jax.jit(lambda: train.init_state(model, tx, 0))()
   train_fn, _ = train.jit_steps(model, tx, 0.1)
   losses = []
@@ -96,6 +95,11 @@ def single_device():
     state, metrics = train_fn(state, b)
     losses.append(float(metrics['loss']))
   return jax.device_get(state), losses
+
+
+@pytest.fixture(scope='module')
+def single_device():
+  return train_unsharded()
 
 
 def assert_trees_close(a, b, **tol):
@@ -287,12 +291,7 @@ VARIANTS = {
 @pytest.mark.parametrize('variant', list(VARIANTS))
 def test_variant_trains_and_decodes_like_one_device(variant):
   model, tx = model_and_optimizer(**VARIANTS[variant])
-  state = jax.jit(lambda: train.init_state(model, tx, 0))()
-  train_fn, _ = train.jit_steps(model, tx, 0.1)
-  want = []
-  for b in batches():
-    state, metrics = train_fn(state, b)
-    want.append(float(metrics['loss']))
+  state, want = train_unsharded(**VARIANTS[variant])
   mesh = mesh_of((1, 4, 2))
   sharded, shardings = sharding.create_train_state(model, tx, 0, mesh)
   train_sharded, _ = train.jit_steps(model, tx, 0.1, mesh=mesh,
