@@ -73,6 +73,18 @@ SIZES = {
 VARIANTS = {'no_dropout': dict(dropout_rate=0.0),
             'scan': dict(scan_layers=True),
             'remat': dict(remat=True)}
+# The seed's model variants (ModelConfig changes, or functions of the config):
+# what each costs per step, beside the paper's model in the same rounds.
+MODEL_VARIANTS = {
+    'rope': dict(positional='rope'),
+    'alibi': dict(positional='alibi'),
+    'gqa': lambda c: dict(num_kv_heads=max(1, c.num_heads // 2)),
+    'mqa': dict(num_kv_heads=1),
+    'swiglu': lambda c: dict(activation='swiglu',
+                             d_ff=config_lib.swiglu_d_ff(c.d_ff)),
+    'pre_rmsnorm': dict(norm_position='pre', norm_type='rmsnorm'),
+    'no_bias': dict(use_bias=False),
+}
 DROPOUT = 0.1
 LABEL_SMOOTHING = 0.1
 
@@ -297,8 +309,9 @@ def bench_train(size: str, *, rounds: int, variants, use_torch: bool,
                 batch_size: int | None = None,
                 length: int | None = None) -> dict:
   """One size's train step, timed side by side with its variants (True:
-  VARIANTS; or a dict name -> ModelConfig changes), torch and the matmul peak.
-  A variant that cannot be built here is reported, not fatal."""
+  VARIANTS; or a dict name -> ModelConfig changes or a function of the config
+  returning them), torch and the matmul peak. A variant that cannot be built
+  here is reported, not fatal."""
   spec = SIZES[size]
   batch_size = batch_size or spec['batch']
   length = length or spec['length']
@@ -310,7 +323,8 @@ def bench_train(size: str, *, rounds: int, variants, use_torch: bool,
   configs = {'main': cfg}
   if variants:
     chosen = VARIANTS if variants is True else variants
-    configs.update({k: cfg.replace(**v) for k, v in chosen.items()})
+    configs.update({k: cfg.replace(**(v(cfg) if callable(v) else v))
+                    for k, v in chosen.items()})
   runners, unavailable = {}, {}
   for name, c in configs.items():
     log(f'[{size}] compiling {name} ...')
@@ -344,6 +358,8 @@ def bench_train(size: str, *, rounds: int, variants, use_torch: bool,
     row['mfu'] = float(np.median(flops / ts / peak_flops))
     if isinstance(run, JaxTrain):
       row.update(compile_s=run.compile_s, memory=run.memory())
+      row['model_changes'] = {k: v for k, v in dataclasses.asdict(
+          configs[name]).items() if getattr(cfg, k) != v}
     else:
       row.update(memory=dict(rss_delta_bytes=run.rss_delta))
     out['runs'][name] = row
@@ -631,6 +647,9 @@ def parse_args(argv):
   p.add_argument('--variants', default=None,
                  help='sizes that also run the no-dropout/scan/remat variants '
                  '(default: all of --sizes; "none" for none)')
+  p.add_argument('--model_variants', default='',
+                 help="sizes that also time the seed's model variants "
+                 '(' + ', '.join(MODEL_VARIANTS) + ')')
   p.add_argument('--peak_n', type=int, default=2048,
                  help='matrix size of the matmul peak')
   p.add_argument('--no_torch', action='store_true')
@@ -652,6 +671,7 @@ def parse_args(argv):
                        [s for s in args.decode_sizes.split(',') if s])
   args.variants = (sizes if args.variants is None else
                    [s for s in args.variants.split(',') if s not in ('', 'none')])
+  args.model_variants = [s for s in args.model_variants.split(',') if s]
   return args
 
 
@@ -682,7 +702,10 @@ def main(argv=None) -> dict:
       res['torch_version'] = torch.__version__
       res['torch_threads'] = os.cpu_count()
     res['train'] = [bench_train(s, rounds=args.rounds,
-                                variants=s in args.variants,
+                                variants={
+                                    **(VARIANTS if s in args.variants else {}),
+                                    **(MODEL_VARIANTS if s in
+                                       args.model_variants else {})},
                                 use_torch=use_torch, peak_n=args.peak_n)
                     for s in args.sizes]
     res['decode'] = [bench_decode(s, reps=args.decode_reps,

@@ -43,6 +43,23 @@ def test_benchmark_quick(tmp_path):
   runs = on_disk['train'][0]['runs']
   assert {'main', 'no_dropout', 'scan', 'remat'} <= set(runs)
   assert all(runs[k]['step_s'] > 0 for k in ('no_dropout', 'scan', 'remat'))
+  assert runs['main']['model_changes'] == {}
+  assert runs['scan']['model_changes'] == dict(scan_layers=True)
+
+
+def test_model_variants_are_the_main_model_with_their_changes():
+  assert benchmark.parse_args(['--model_variants', 'toy']).model_variants == [
+      'toy']
+  picked = {k: benchmark.MODEL_VARIANTS[k] for k in ('swiglu', 'gqa')}
+  row = benchmark.bench_train('tiny', rounds=1, variants=picked,
+                              use_torch=False, peak_n=64)
+  d_ff = benchmark.SIZES['tiny']['model']['d_ff']
+  heads = benchmark.SIZES['tiny']['model']['num_heads']
+  assert row['runs']['swiglu']['model_changes'] == dict(
+      activation='swiglu', d_ff=benchmark.config_lib.swiglu_d_ff(d_ff))
+  assert row['runs']['gqa']['model_changes'] == dict(
+      num_kv_heads=heads // 2)
+  assert row['runs']['swiglu']['step_s'] > 0 and not row['unavailable']
 
 
 def test_without_torch_it_says_so(monkeypatch):
