@@ -17,13 +17,6 @@ import time
 from absl import app, flags
 import numpy as np
 
-_DATASET = flags.DEFINE_string('dataset', 'toy_translate',
-                               "'toy_translate' or 'toy_translate/small'.")
-_DATA_DIR = flags.DEFINE_string('data_dir', '', "TFDS data_dir; '' = default.")
-_STEPS = flags.DEFINE_integer('steps', 300, 'Training steps.')
-_POSITIONAL = flags.DEFINE_string('positional', 'sinusoidal',
-                                  'Positional scheme.')
-
 log = logging.getLogger('xfmr_jax')
 
 
@@ -82,14 +75,25 @@ def train_tagger(*, dataset: str = 'toy_translate', data_dir: str | None = None,
                                  jax.tree.leaves(state.params))))
 
 
+def _define_flags():
+  """Command-line flags, defined only when run as a script (the library
+  function above is imported by tests beside other scripts' flags)."""
+  flags.DEFINE_string('dataset', 'toy_translate',
+                      "'toy_translate' or 'toy_translate/small'.")
+  flags.DEFINE_string('data_dir', '', "TFDS data_dir; '' = default.")
+  flags.DEFINE_integer('steps', 300, 'Training steps.')
+  flags.DEFINE_string('positional', 'sinusoidal', 'Positional scheme.')
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   log.setLevel(logging.INFO)
   log.addHandler(logging.StreamHandler())
   log.propagate = False
-  r = train_tagger(dataset=_DATASET.value, data_dir=_DATA_DIR.value or None,
-                   steps=_STEPS.value, positional=_POSITIONAL.value)
+  f = flags.FLAGS
+  r = train_tagger(dataset=f.dataset, data_dir=f.data_dir or None,
+                   steps=f.steps, positional=f.positional)
   print(f"tagging accuracy {r['accuracy']:.4f} on {r['tokens']} validation "
         f"tokens (majority tag {r['majority_baseline']:.4f}); "
         f"{r['parameters']:,} parameters, {r['steps']} steps in "
@@ -97,4 +101,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _define_flags()
   app.run(main)
