@@ -82,7 +82,10 @@ def run_one(scheme: str, seed: int, steps: int, tokenizer_path: str) -> dict:
   config = run_config(scheme, seed, steps, tokenizer_path)
   start = time.time()
   if not os.path.exists(os.path.join(workdir, 'final_metrics.json')):
-    trainer.train_and_evaluate(config, workdir)
+    metrics = trainer.train_and_evaluate(config, workdir)
+    if 'stopped_by' in metrics:  # SIGTERM/SIGINT: checkpointed, not finished
+      sys.exit(f'{scheme} seed {seed}: training stopped by '
+               f"{metrics['stopped_by']}; run again to resume it")
   train_s = time.time() - start
   model, params, tokenizer, config = trainer.load_for_inference(workdir)
   translator = trainer._translator(config, model, params, tokenizer)
