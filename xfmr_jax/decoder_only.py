@@ -23,7 +23,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from xfmr_jax import masks
+from xfmr_jax import losses, masks
 from xfmr_jax.config import ModelConfig
 from xfmr_jax.model import (SelfAttentionStack, default_positions,
                             output_projection, shift_right)
@@ -57,18 +57,27 @@ class DecoderOnly(nn.Module):
 
   def _run(self, tokens, mask, positions, deterministic, decode=None,
            step=None):
-    """Logits ``[batch, n, vocab]`` of the stack over ``tokens [batch, n]``."""
-    x = self.body(tokens, mask, positions, deterministic, decode, step)
+    """Final states ``[batch, n, d_model]`` of the stack over ``tokens [batch, n]``."""
+    return self.body(tokens, mask, positions, deterministic, decode, step)
+
+  def output_table(self):
+    """The ``[vocab, d_model]`` pre-softmax projection (see
+    :meth:`Transformer.output_table`)."""
     if self.config.share_embeddings:
-      return self.body.embed.attend(x)
-    return self.output_projection(x).astype(jnp.float32)
+      return self.body.embed.embedding
+    return self.output_projection.table()
+
+  def logits(self, x):
+    """``[..., d_model] -> float32 [..., vocab]``."""
+    return losses.project(x, self.output_table())
 
   def __call__(self, inputs, targets, inputs_segmentation=None,
                targets_segmentation=None, inputs_position=None,
-               targets_position=None, deterministic: bool = True):
+               targets_position=None, deterministic: bool = True,
+               return_hidden: bool = False):
     """inputs ``[batch, s]``, targets ``[batch, t]`` -> logits ``[batch, t, V]``.
 
-    Same arguments as :class:`~xfmr_jax.model.Transformer`.
+    Same arguments (and ``return_hidden``) as :class:`~xfmr_jax.model.Transformer`.
     """
     s = inputs.shape[1]
     src_seg = (inputs != masks.PAD_ID).astype(jnp.int32)
@@ -90,7 +99,10 @@ class DecoderOnly(nn.Module):
         masks.causal_mask(tokens.shape[1]),
         masks.segment_mask(segments, segments),
         (segments != 0)[:, None, None, :])
-    return self._run(tokens, mask, positions, deterministic)[:, s:]
+    # Only the target part is projected onto the vocabulary.
+    hidden = self._run(tokens, mask, positions, deterministic)[:, s:]
+    return (hidden, self.output_table()) if return_hidden else self.logits(
+        hidden)
 
   def _cache_mask(self, inputs, cache_len):
     """Keys ``[batch, 1, 1, s + cache_len]``: source padding is invisible."""
@@ -119,5 +131,5 @@ class DecoderOnly(nn.Module):
     tokens = jnp.where(tokens == masks.PAD_ID, SEP_ID, tokens)
     lengths = jnp.sum(inputs != masks.PAD_ID, axis=1, keepdims=True)
     positions = lengths + step + jnp.arange(tokens.shape[1])
-    return self._run(tokens, self._cache_mask(inputs, cache_len), positions,
-                     True, s + cache_len, s + step)
+    return self.logits(self._run(tokens, self._cache_mask(inputs, cache_len),
+                                 positions, True, s + cache_len, s + step))

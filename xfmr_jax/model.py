@@ -12,7 +12,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from xfmr_jax import masks, positional
+from xfmr_jax import losses, masks, positional
 from xfmr_jax.config import ModelConfig
 from xfmr_jax.layers import (Dropout, FeedForward, MultiHeadAttention, Norm,
                              Sublayer)
@@ -155,8 +155,7 @@ class Embedder(nn.Module):
 
   def attend(self, x):
     """``[..., d_model] -> [..., vocab]`` logits against the embedding matrix."""
-    return jnp.einsum('...d,vd->...v', x, self.embedding.astype(x.dtype),
-                      preferred_element_type=jnp.float32)
+    return losses.project(x, self.embedding)
 
 
 def default_positions(tokens, positions=None):
@@ -166,11 +165,30 @@ def default_positions(tokens, positions=None):
   return jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
 
 
-def output_projection(cfg: ModelConfig) -> nn.Dense:
-  """The pre-softmax ``d_model -> vocab`` projection when it is not shared."""
-  return nn.Dense(cfg.vocab_size, use_bias=False, name='logits',
-                  kernel_init=nn.with_logical_partitioning(
-                      nn.initializers.xavier_uniform(), ('embed', 'vocab')))
+class OutputProjection(nn.Module):
+  """The pre-softmax ``d_model -> vocab`` projection when it is not shared:
+  a bias-free ``kernel`` ``[d_model, vocab]`` (the parameters of a bias-free
+  ``nn.Dense``)."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.kernel = self.param(
+        'kernel', nn.with_logical_partitioning(
+            nn.initializers.xavier_uniform(), ('embed', 'vocab')),
+        (cfg.d_model, cfg.vocab_size), jnp.float32)
+
+  def table(self):
+    """``[vocab, d_model]``: logits are ``x @ table^T``."""
+    return self.kernel.T
+
+  def __call__(self, x):
+    return losses.project(x, self.table())
+
+
+def output_projection(cfg: ModelConfig) -> OutputProjection:
+  """The unshared output projection, named as it always has been."""
+  return OutputProjection(cfg, name='logits')
 
 
 class SelfAttentionStack(nn.Module):
@@ -253,8 +271,9 @@ class Transformer(nn.Module):
 
   def decode(self, encoded, inputs, targets, inputs_segmentation=None,
              targets_segmentation=None, targets_position=None,
-             deterministic: bool = True):
-    """Teacher-forced decoder: ``[batch, t]`` targets -> logits ``[batch, t, V]``."""
+             deterministic: bool = True, return_hidden: bool = False):
+    """Teacher-forced decoder: ``[batch, t]`` targets -> logits ``[batch, t, V]``
+    (or ``(hidden, table)``, see :meth:`__call__`)."""
     positions = default_positions(targets, targets_position)
     y = self.target_embed(shift_right(targets, targets_segmentation), positions)
     y = self.embed_dropout(y, deterministic=deterministic)
@@ -272,7 +291,7 @@ class Transformer(nn.Module):
                             deterministic, None, None)
     if self.config.norm_position == 'pre':
       y = self.decoder_norm(y)
-    return self.logits(y)
+    return (y, self.output_table()) if return_hidden else self.logits(y)
 
   def decode_step(self, inputs, tokens, step, encoded=None, *, cache_len: int):
     """Incremental decoder: logits for positions ``step .. step + n - 1``.
@@ -315,10 +334,16 @@ class Transformer(nn.Module):
     nothing = jnp.zeros((inputs.shape[0], 0), jnp.int32)
     self.decode_step(inputs, nothing, 0, encoded, cache_len=cache_len)
 
-  def logits(self, y):
+  def output_table(self):
+    """The ``[vocab, d_model]`` pre-softmax projection: logits = ``y @ table^T``
+    (the shared embedding, or the output projection's kernel transposed)."""
     if self.config.share_embeddings:
-      return self.target_embed.attend(y)
-    return self.output_projection(y).astype(jnp.float32)
+      return self.target_embed.embedding
+    return self.output_projection.table()
+
+  def logits(self, y):
+    """``[..., d_model] -> float32 [..., vocab]``."""
+    return losses.project(y, self.output_table())
 
   @staticmethod
   def encoder_mask(inputs, inputs_segmentation=None):
@@ -330,12 +355,20 @@ class Transformer(nn.Module):
 
   def __call__(self, inputs, targets, inputs_segmentation=None,
                targets_segmentation=None, inputs_position=None,
-               targets_position=None, deterministic: bool = True):
-    """inputs ``[batch, s]``, targets ``[batch, t]`` -> logits ``[batch, t, V]``."""
+               targets_position=None, deterministic: bool = True,
+               return_hidden: bool = False):
+    """inputs ``[batch, s]``, targets ``[batch, t]`` -> logits ``[batch, t, V]``.
+
+    With ``return_hidden`` it returns ``(hidden [batch, t, d_model], table
+    [V, d_model])`` instead, logits = ``hidden @ table^T``, so that a loss can
+    take the projection inside its own gradient
+    (:func:`xfmr_jax.losses.projected_token_metrics`, as training does).
+    """
     encoded = self.encode(inputs, inputs_segmentation, inputs_position,
                           deterministic)
     return self.decode(encoded, inputs, targets, inputs_segmentation,
-                       targets_segmentation, targets_position, deterministic)
+                       targets_segmentation, targets_position, deterministic,
+                       return_hidden)
 
 
 def build(config: ModelConfig) -> nn.Module:
