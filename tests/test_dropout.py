@@ -1,4 +1,4 @@
-"""Dropout draws 16-bit thresholds from half as many threefry words; check
+"""Dropout draws 16-bit thresholds from hashed counter words; check
 that it still means dropout: rate honoured, kept values scaled, independent."""
 import jax
 import jax.numpy as jnp
@@ -64,3 +64,33 @@ def test_attention_dropout_uses_it():
   same = attention.dot_product_attention(q, q, q, dropout_rate=0.0,
                                          dropout_rng=jax.random.key(3))
   np.testing.assert_array_equal(same, ref)
+
+
+def test_random_words_are_uniform_distinct_and_independent():
+  words = np.asarray(layers.random_words(jax.random.key(0), (256, 512)))
+  n = words.size
+  assert len(np.unique(words)) == n   # a bijection of the element index
+  bits = (words[..., None] >> np.arange(32, dtype=np.uint32)) & 1
+  sigma = 0.5 / np.sqrt(n)
+  assert np.all(np.abs(bits.reshape(n, 32).mean(0) - 0.5) < 6 * sigma)
+  # Neighbours (along a row and down a column) and the same element under a
+  # neighbouring key agree on a bit as often as chance, for every bit.
+  other = np.asarray(layers.random_words(jax.random.key(1), (256, 512)))
+  for a, b in [(words[:, 1:], words[:, :-1]), (words[1:], words[:-1]),
+               (words, other)]:
+    agree = 1 - (((a ^ b)[..., None] >> np.arange(32, dtype=np.uint32)) & 1)
+    assert np.all(np.abs(agree.reshape(-1, 32).mean(0) - 0.5) < 6 * sigma)
+  # Low 16-bit halves (the dropout thresholds) are uniform over 16 bins.
+  counts = np.bincount((words & 0xFFFF).ravel() >> 12, minlength=16)
+  expected = n / 16
+  assert ((counts - expected) ** 2 / expected).sum() < 45   # chi2(15) p~1e-4
+
+
+def test_dropout_masks_of_folded_keys_are_independent():
+  x = jnp.ones((64, 256))
+  key = jax.random.key(7)
+  masks = [np.asarray(layers.dropout(x, 0.5, jax.random.fold_in(key, i))) > 0
+           for i in range(4)]
+  for i in range(3):
+    agree = (masks[i] == masks[i + 1]).mean()
+    assert abs(agree - 0.5) < 6 * 0.5 / np.sqrt(x.size), agree

@@ -62,10 +62,38 @@ def swiglu_feed_forward(x, w_gate, w1, w2):
 
 
 # Dropout keeps an element when 16 random bits are at or above
-# ``round(rate * 2**16)``: the rate is honoured to 2**-16 (flax's float
-# uniforms quantise it to 2**-23), and each 32-bit threefry word serves two
-# elements, which halves the random-bit work, a large share of a CPU step.
+# ``round(rate * 2**16)``: the rate is honoured to 2**-16, and each 32-bit
+# word serves two elements.
 _DROPOUT_BITS = 16
+
+
+def _mix32(x):
+  """A bijection of uint32 with full avalanche (Wellons' "lowbias32" hash):
+  every input bit flips each output bit with probability close to 1/2."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x7FEB352D)
+  x = x ^ (x >> 15)
+  x = x * jnp.uint32(0x846CA68B)
+  return x ^ (x >> 16)
+
+
+def random_words(rng: jax.Array, shape) -> jnp.ndarray:
+  """Uniform uint32 words of ``shape``: each element's flat index hashed under
+  two key words drawn from ``rng``.
+
+  Counter-based like threefry, and as much a pure function of ``(rng,
+  shape)``, but about ten times cheaper per word on a CPU (two multiply-xorshift
+  rounds instead of twenty threefry rounds), where drawing dropout masks was a
+  large share of a train step. Good for dropout masks, not for cryptography.
+  """
+  k = jax.random.bits(rng, (2,), jnp.uint32)
+  index = jnp.zeros(shape, jnp.uint32)
+  stride = 1
+  for axis in reversed(range(len(shape))):
+    index += (jax.lax.broadcasted_iota(jnp.uint32, shape, axis)
+              * jnp.uint32(stride))
+    stride *= shape[axis]
+  return _mix32(_mix32(index ^ k[0]) + k[1])
 
 
 def dropout(x, rate: float, rng: jax.Array):
@@ -73,7 +101,7 @@ def dropout(x, rate: float, rng: jax.Array):
   the kept ones by ``1 / (1 - rate)``.
 
   Args:
-    x: any shape.
+    x: any shape (at most 2**32 elements).
     rate: the drop probability, in ``[0, 1)``.
     rng: a PRNG key; the mask is a pure function of it and ``x.shape``.
   """
@@ -86,10 +114,10 @@ def dropout(x, rate: float, rng: jax.Array):
   hi = lambda w: (w >> 16) >= threshold
   if x.ndim and x.shape[-1] % 2 == 0:
     # Word i of a row drops element i (low bits) and i + width/2 (high bits).
-    words = jax.random.bits(rng, (*x.shape[:-1], x.shape[-1] // 2), jnp.uint32)
+    words = random_words(rng, (*x.shape[:-1], x.shape[-1] // 2))
     keep = jnp.concatenate([lo(words), hi(words)], axis=-1)
   else:
-    words = jax.random.bits(rng, ((x.size + 1) // 2,), jnp.uint32)
+    words = random_words(rng, ((x.size + 1) // 2,))
     keep = jnp.stack([lo(words), hi(words)], -1).reshape(-1)[:x.size]
     keep = keep.reshape(x.shape)
   scale = jnp.asarray(1.0 / (1.0 - rate), x.dtype)
