@@ -1,7 +1,8 @@
 """The toy translation task on a CPU in minutes (the default config).
 
-Sized so that ``python -m experiments.train_wmt`` reaches >= 95% exact match on
-the toy test split within 10 minutes on a 2-core CPU. Dropout is off: the task
+Sized so that ``python -m experiments.train_wmt`` reaches about 95% exact match
+on the toy test split (94.2-95.1% measured, see the README) within 10 minutes
+on a 2-core CPU. Dropout is off: the task
 has 150k rule-generated pairs and the run sees each about once, so there is
 nothing to overfit and dropout only slows learning.
 """
