@@ -117,15 +117,16 @@ def test_cached_step_logits_equal_teacher_forced(variant):
   np.testing.assert_allclose(cached[real], full[real], atol=1e-5, rtol=0)
 
 
-def _dots_on_encoded(jaxpr, shape, in_loop=False, counts=None):
-  """Count dot_generals with an operand of ``shape`` in / outside while loops."""
+def _dots_on_encoded(jaxpr, shapes, in_loop=False, counts=None):
+  """Count dot_generals with an operand of one of ``shapes`` in / outside
+  while loops."""
   counts = counts if counts is not None else {True: 0, False: 0}
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == 'dot_general' and any(
-        getattr(v.aval, 'shape', None) == shape for v in eqn.invars):
+        getattr(v.aval, 'shape', None) in shapes for v in eqn.invars):
       counts[in_loop] += 1
     for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-      _dots_on_encoded(sub, shape, in_loop or eqn.primitive.name == 'while',
+      _dots_on_encoded(sub, shapes, in_loop or eqn.primitive.name == 'while',
                        counts)
   return counts
 
@@ -134,7 +135,9 @@ def _dots_on_encoded(jaxpr, shape, in_loop=False, counts=None):
 def test_cross_attention_kv_projected_once(variant):
   m, params = build(variant)
   src = sources()
-  encoded_shape = (4, 7, TINY['d_model'])  # [batch, s, d_model]
+  # [batch, s, d_model], or flattened to [batch * s, d_model] by
+  # layers.linear.
+  encoded_shape = ((4, 7, TINY['d_model']), (4 * 7, TINY['d_model']))
   jaxpr = jax.make_jaxpr(
       lambda p, x: decode.greedy_decode(m, p, x, max_decode_len=14))(params,
                                                                        src)

@@ -40,6 +40,20 @@ def rms_norm(x, scale, epsilon: float = 1e-6):
   return (y * scale).astype(x.dtype)
 
 
+def linear(x, w):
+  """``x @ w``: ``[..., in] @ [in, out] -> [..., out]``, as one 2-D product
+  over the flattened tokens.
+
+  Flattening first changes no value; it changes the backward pass. Autodiff
+  of the 2-D product writes the weight gradient ``x^T dy`` as a 2-D
+  contraction, which XLA's CPU backend runs at full matmul speed; contracted
+  over two token axes (batch and length) it ran with both operands transposed
+  and 10-12% of a base-size train step was lost (``experiments/benchmark.py``).
+  """
+  y = x.reshape(-1, x.shape[-1]) @ w
+  return y.reshape(*x.shape[:-1], w.shape[-1])
+
+
 def feed_forward(x, w1, b1, w2, b2, activation: Callable = jax.nn.relu):
   """Position-wise FFN ``activation(x W1 + b1) W2 + b2`` (equation 2).
 
@@ -47,8 +61,10 @@ def feed_forward(x, w1, b1, w2, b2, activation: Callable = jax.nn.relu):
     x: ``[..., d_model]``; w1: ``[d_model, d_ff]``; w2: ``[d_ff, d_model]``;
     b1, b2: biases, or None for bias-free layers.
   """
-  h = x @ w1 if b1 is None else x @ w1 + b1
-  y = activation(h) @ w2
+  h = linear(x, w1)
+  if b1 is not None:
+    h = h + b1
+  y = linear(activation(h), w2)
   return y if b2 is None else y + b2
 
 
@@ -59,7 +75,7 @@ def swiglu_feed_forward(x, w_gate, w1, w2):
     x: ``[..., d_model]``; w_gate, w1: ``[d_model, d_ff]``;
     w2: ``[d_ff, d_model]``. Bias-free, as usually trained.
   """
-  return (jax.nn.silu(x @ w_gate) * (x @ w1)) @ w2
+  return linear(jax.nn.silu(linear(x, w_gate)) * linear(x, w1), w2)
 
 
 # Dropout keeps an element when 16 random bits are at or above
@@ -137,16 +153,31 @@ def _param(module: nn.Module, name: str, init, shape, axes):
                       jnp.float32)
 
 
+class Dense(nn.Module):
+  """``x @ kernel + bias`` through :func:`linear`: the parameters of
+  ``nn.Dense`` (``kernel`` ``[in, features]``, Xavier-uniform; ``bias``
+  ``[features]``, zeros; float32, logically named ``axes``), computed in
+  ``dtype``."""
+  features: int
+  axes: tuple[str, str]
+  dtype: jnp.dtype = jnp.float32
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    kernel = _param(self, 'kernel', nn.initializers.xavier_uniform(),
+                    (x.shape[-1], self.features), self.axes)
+    y = linear(x.astype(self.dtype), kernel.astype(self.dtype))
+    if self.use_bias:
+      y = y + _param(self, 'bias', nn.initializers.zeros, (self.features,),
+                     (self.axes[-1],)).astype(self.dtype)
+    return y
+
+
 def dense(features: int, axes: tuple[str, str], name: str,
-          dtype=jnp.float32, use_bias: bool = True) -> nn.Dense:
-  """``nn.Dense`` with Xavier-uniform kernel and logically named axes."""
-  return nn.Dense(
-      features, dtype=dtype, param_dtype=jnp.float32, name=name,
-      use_bias=use_bias,
-      kernel_init=nn.with_logical_partitioning(
-          nn.initializers.xavier_uniform(), axes),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
-                                             (axes[-1],)))
+          dtype=jnp.float32, use_bias: bool = True) -> Dense:
+  """A :class:`Dense` layer with logically named axes."""
+  return Dense(features, axes, dtype, use_bias, name=name)
 
 
 class Norm(nn.Module):
