@@ -23,7 +23,9 @@ def _stats(logits, targets):
   logits = logits.astype(jnp.float32)
   top = jnp.max(logits, axis=-1)
   lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
-  target = jnp.sum(jnp.where(_is_target(logits, targets), logits, 0.0), -1)
+  # A gather reads one logit per token; a masked sum would read them all.
+  target = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32),
+                               axis=-1)[..., 0]
   return lse, target, jnp.sum(logits, axis=-1), top
 
 
