@@ -47,8 +47,8 @@ def linear(x, w):
   Flattening first changes no value; it changes the backward pass. Autodiff
   of the 2-D product writes the weight gradient ``x^T dy`` as a 2-D
   contraction, which XLA's CPU backend runs at full matmul speed; contracted
-  over two token axes (batch and length) it ran with both operands transposed
-  and 10-12% of a base-size train step was lost (``experiments/benchmark.py``).
+  over two token axes (batch and length) it ran with both operands
+  transposed, and train steps were 6-12% slower (``experiments/benchmark.py``).
   """
   y = x.reshape(-1, x.shape[-1]) @ w
   return y.reshape(*x.shape[:-1], w.shape[-1])
