@@ -21,8 +21,10 @@ def _check_train(row, with_torch):
       row['tokens_per_step'] / main['step_s'])
   assert main['memory']['xla_step_bytes'] > 0
   assert ('torch' in row['runs']) == with_torch
+  assert ('torch_default' in row['runs']) == with_torch
   if with_torch:
     assert row['ratio_vs_torch']['main'] > 0
+    assert row['ratio_vs_torch_default']['main'] > 0
 
 
 def test_benchmark_quick(tmp_path):
@@ -99,3 +101,32 @@ def test_gpu_check_falls_back_on_cpu(tmp_path):
   assert impls['jax_nn_xla']['max_abs_grad_diff_vs_reference'] < 1e-3
   assert not impls['jax_nn_cudnn']['available']   # no cuDNN on a CPU
   assert res['decode'][0]['runs']['greedy_cached']['tokens_per_s'] > 0
+
+
+def _paper_sites_off(model):
+  """Zero the dropout of the paper's sites: embeddings and sublayer outputs."""
+  model.drop.p = 0.0
+  for layer in [*model.core.encoder.layers, *model.core.decoder.layers]:
+    for name in ('dropout1', 'dropout2', 'dropout3'):
+      if hasattr(layer, name):
+        getattr(layer, name).p = 0.0
+
+
+@pytest.mark.parametrize('sites', benchmark.TORCH_DROPOUT_SITES)
+def test_torch_model_drops_out_where_ours_does(sites):
+  """The PyTorch model compared with ours drops out only at the paper's sites
+  ('paper'); nn.Transformer's defaults ('torch') drop out elsewhere too."""
+  torch = pytest.importorskip('torch')
+  cfg = benchmark.config_lib.ModelConfig(**benchmark.SIZES['tiny']['model'],
+                                         dropout_rate=0.3)
+  batch = benchmark.random_batch(cfg.vocab_size, 4, 16)
+  src, tgt = (torch.from_numpy(batch[k]).long() for k in ('inputs', 'targets'))
+  torch.manual_seed(0)
+  model = benchmark._torch_model(cfg, 0.3, sites)
+  run = lambda train: model.train(train)(src, tgt)
+  assert not torch.allclose(run(True), run(False))   # the paper's sites drop
+  _paper_sites_off(model)
+  same = torch.allclose(run(True), run(False), atol=1e-5)
+  assert same == (sites == 'paper')
+  with pytest.raises(ValueError, match='dropout sites'):
+    benchmark._torch_model(cfg, 0.3, 'everywhere')
