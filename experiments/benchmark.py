@@ -313,11 +313,20 @@ class TorchTrain:
     return loss.item()
 
 
-def interleave(runners: dict, rounds: int) -> dict:
-  """Run each runner once per round, in turn; per-runner lists of seconds."""
+# Pause before each timed run. XLA's worker threads keep spinning for some
+# milliseconds after a computation; whatever ran next shared the cores with
+# them (a 2048^3 jnp.dot timed right after a small train step ran at 146-169
+# instead of 195-210 GFLOP/s; after 20 ms idle it ran at full speed).
+SETTLE_S = 0.1
+
+
+def interleave(runners: dict, rounds: int, settle_s: float = SETTLE_S) -> dict:
+  """Run each runner once per round, in turn, each after ``settle_s`` idle;
+  per-runner lists of seconds."""
   times = {name: [] for name in runners}
   for _ in range(rounds):
     for name, run in runners.items():
+      time.sleep(settle_s)
       t0 = time.perf_counter()
       run()
       times[name].append(time.perf_counter() - t0)

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -130,3 +131,21 @@ def test_torch_model_drops_out_where_ours_does(sites):
   assert same == (sites == 'paper')
   with pytest.raises(ValueError, match='dropout sites'):
     benchmark._torch_model(cfg, 0.3, 'everywhere')
+
+
+def test_each_timed_run_starts_after_a_pause():
+  """Runners are timed from a settled machine: the previous runner's worker
+  threads are given time to stop spinning before the next one starts."""
+  stamps = []
+
+  def runner(name):
+    def run():
+      stamps.append((name, time.perf_counter()))
+    return run
+
+  times = benchmark.interleave({'a': runner('a'), 'b': runner('b')}, rounds=2,
+                               settle_s=0.03)
+  assert [n for n, _ in stamps] == ['a', 'b', 'a', 'b']
+  gaps = [t1 - t0 for (_, t0), (_, t1) in zip(stamps, stamps[1:])]
+  assert min(gaps) >= 0.03
+  assert all(len(ts) == 2 and max(ts) < 0.03 for ts in times.values())
