@@ -17,8 +17,8 @@ a machine shared with other jobs slows every contender alike):
   where ours has it (``torch``: embeddings and sublayer outputs, the paper's
   sites) and, as a second row, with ``nn.Transformer``'s own sites
   (``torch_default``: also the attention weights and the FFN's hidden layer,
-  extra work that made its steps 9-28% slower here). Ratios are against
-  ``torch``, the same computation;
+  extra work that made its steps 10-28% slower on a 2-core CPU). Ratios are
+  against ``torch``, the same computation;
 * decoding: generated tokens/s for cached greedy and beam-4 search, the
   uncached recompute (``decode.naive_greedy_decode``) and a PyTorch naive
   greedy loop on the same model size.
