@@ -101,7 +101,8 @@ def random_words(rng: jax.Array, shape) -> jnp.ndarray:
   Counter-based like threefry, and as much a pure function of ``(rng,
   shape)``, but eight to ten times cheaper per word on a CPU (two
   multiply-xorshift rounds instead of twenty threefry rounds), where drawing
-  dropout masks was a large share of a train step. Good for dropout masks, not for cryptography.
+  dropout masks was a large share of a train step. Good for dropout masks,
+  not for cryptography.
   """
   k = jax.random.bits(rng, (2,), jnp.uint32)
   index = jnp.arange(math.prod(shape), dtype=jnp.uint32).reshape(shape)

@@ -2,9 +2,9 @@
 
 Sized so that ``python -m experiments.train_wmt`` passes 95% exact match on
 the toy test split (95.5% measured; 93.95% with seed 1, see the README) within
-10 minutes on a 2-core CPU. Dropout is off: the task has 150k rule-generated pairs and the
-run's 900 batches of 64 see under half of them, none twice, so there is
-nothing to overfit and dropout only slows learning.
+10 minutes on a 2-core CPU. Dropout is off: the task has 150k rule-generated
+pairs and the run's 900 batches of 64 see under half of them, none twice, so
+there is nothing to overfit and dropout only slows learning.
 """
 from experiments.configs import default
 
