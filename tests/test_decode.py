@@ -137,11 +137,11 @@ def test_cross_attention_kv_projected_once(variant):
   src = sources()
   # [batch, s, d_model], or flattened to [batch * s, d_model] by
   # layers.linear.
-  encoded_shape = ((4, 7, TINY['d_model']), (4 * 7, TINY['d_model']))
+  encoded_shapes = ((4, 7, TINY['d_model']), (4 * 7, TINY['d_model']))
   jaxpr = jax.make_jaxpr(
       lambda p, x: decode.greedy_decode(m, p, x, max_decode_len=14))(params,
                                                                        src)
-  counts = _dots_on_encoded(jaxpr.jaxpr, encoded_shape)
+  counts = _dots_on_encoded(jaxpr.jaxpr, encoded_shapes)
   # Outside the loop: encoder layers, plus cross K and V once per decoder
   # layer (scanned layers appear once in the jaxpr). Inside: none.
   layers = 1 if m.config.scan_layers else 2
@@ -150,7 +150,7 @@ def test_cross_attention_kv_projected_once(variant):
   naive = jax.make_jaxpr(
       lambda p, x: decode.naive_greedy_decode(m, p, x, max_decode_len=14))(
           params, src)
-  assert _dots_on_encoded(naive.jaxpr, encoded_shape)[True] > 0
+  assert _dots_on_encoded(naive.jaxpr, encoded_shapes)[True] > 0
 
 
 def test_cache_layout_and_multi_token_steps():
