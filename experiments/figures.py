@@ -62,7 +62,7 @@ def untrained_figures(out_dir: str, only=None) -> list[str]:
 def trained_figures(out_dir: str, workdir: str, sentence: str | None = None,
                     only=None) -> list[str]:
   """Figures of a trained model in ``workdir``."""
-  from xfmr_jax import trainer
+  from xfmr_jax import run_dir
   want = lambda name: only is None or name in only
   path = lambda name: os.path.join(out_dir, name + '.png')
   paths = []
@@ -71,7 +71,7 @@ def trained_figures(out_dir: str, workdir: str, sentence: str | None = None,
                           path('training_curve')))
   if not (want('cross_attention') or want('encoder_self_attention')):
     return paths
-  model, params, tokenizer, _ = trainer.load_for_inference(workdir)
+  model, params, tokenizer, _ = run_dir.load_for_inference(workdir)
   ex = viz.translation_attention(model, params, tokenizer,
                                  sentence or viz.EXAMPLE_SENTENCE)
   cross = ex['maps']['decoder_cross'][:, 0]           # [layers, heads, t, s]

@@ -45,7 +45,7 @@ _BIN = 5  # source words per length bin in the plot
 log = logging.getLogger('xfmr_jax')
 
 
-def run_config(scheme: str, seed: int, steps: int, tokenizer_path: str):
+def scheme_config(scheme: str, seed: int, steps: int, tokenizer_path: str):
   from experiments.configs import toy
   c = toy.get_config()
   c.dataset = _DATASET.value
@@ -73,27 +73,27 @@ def by_length(samples) -> dict:
 
 def run_one(scheme: str, seed: int, steps: int, tokenizer_path: str) -> dict:
   """Train (unless done) and evaluate one scheme; returns its results."""
-  from xfmr_jax import trainer
+  from xfmr_jax import evaluation, run_config, run_dir, training_loop
   workdir = os.path.join(_WORKDIR.value, f'{scheme}_seed{seed}')
   result_path = os.path.join(workdir, 'length_results.json')
   if os.path.exists(result_path):
     with open(result_path) as f:
       return json.load(f)
-  config = run_config(scheme, seed, steps, tokenizer_path)
+  config = scheme_config(scheme, seed, steps, tokenizer_path)
   start = time.time()
   if not os.path.exists(os.path.join(workdir, 'final_metrics.json')):
-    metrics = trainer.train_and_evaluate(config, workdir)
+    metrics = training_loop.train_and_evaluate(config, workdir)
     if 'stopped_by' in metrics:  # SIGTERM/SIGINT: checkpointed, not finished
       sys.exit(f'{scheme} seed {seed}: training stopped by '
                f"{metrics['stopped_by']}; run again to resume it")
   train_s = time.time() - start
-  model, params, tokenizer, config = trainer.load_for_inference(workdir)
-  translator = trainer._translator(config, model, params, tokenizer)
+  model, params, tokenizer, config = run_dir.load_for_inference(workdir)
+  translator = evaluation.translator(config, model, params, tokenizer)
   result = dict(scheme=scheme, seed=seed, steps=steps,
                 train_seconds=round(train_s, 1))
   for split in ('test', 'long'):
-    source = trainer._source(config, split)
-    m = trainer.evaluate_translation(translator, source, _EVAL_LIMIT.value)
+    source = run_config.data_source(config, split)
+    m = evaluation.evaluate_translation(translator, source, _EVAL_LIMIT.value)
     result[split] = dict(bleu=m['bleu'], exact_match=m['exact_match'],
                          by_length=by_length(m['samples']))
     print(f"{scheme} seed {seed} {split}: BLEU {m['bleu']:.2f}, exact match "
@@ -167,16 +167,16 @@ def main(argv):
   log.setLevel(logging.INFO)
   log.addHandler(logging.StreamHandler())
   log.propagate = False
-  from xfmr_jax import trainer
+  from xfmr_jax import run_config, run_dir
   from xfmr_jax.config import POSITIONALS
   for scheme in _SCHEMES.value:
     if scheme not in POSITIONALS:
       sys.exit(f'error: unknown scheme {scheme!r}; choose from {POSITIONALS}')
   # One tokenizer for every run, so the schemes differ in positions only.
   os.makedirs(_WORKDIR.value, exist_ok=True)
-  config = run_config(_SCHEMES.value[0], 0, _STEPS.value, '')
-  tokenizer = trainer.get_tokenizer(
-      config, _WORKDIR.value, trainer._source(config, config.train_split))
+  config = scheme_config(_SCHEMES.value[0], 0, _STEPS.value, '')
+  tokenizer = run_dir.get_tokenizer(
+      config, _WORKDIR.value, run_config.data_source(config, config.train_split))
   tokenizer_path = os.path.join(os.path.abspath(_WORKDIR.value),
                                 'tokenizer.model')
   del tokenizer

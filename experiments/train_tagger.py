@@ -29,7 +29,8 @@ def train_tagger(*, dataset: str = 'toy_translate', data_dir: str | None = None,
   ``model_changes`` override the small encoder's :class:`ModelConfig` fields
   (d_model 64, 4 heads, 2 layers, d_ff 256, no dropout).
   """
-  from xfmr_jax import config as config_lib, model, optim, train
+  from xfmr_jax import config as config_lib, model, optim, train_state
+  from xfmr_jax import train_steps
   from xfmr_jax.data import get_source, pipeline, toy_tagging
   from xfmr_jax.tokenizer import Tokenizer
 
@@ -47,8 +48,8 @@ def train_tagger(*, dataset: str = 'toy_translate', data_dir: str | None = None,
   tx = optim.make_optimizer(d_model=cfg.d_model, warmup_steps=min(100, steps),
                             lr_scale=1.0)
   import jax
-  state = jax.jit(lambda: train.init_state(net, tx, seed))()
-  train_step, eval_step = train.jit_steps(net, tx, label_smoothing=0.0)
+  state = jax.jit(lambda: train_state.init_state(net, tx, seed))()
+  train_step, eval_step = train_steps.jit_steps(net, tx, label_smoothing=0.0)
   batches = toy_tagging.make_tagging_batches(
       train_source, tokenizer, batch_size=batch_size, max_length=max_length,
       repeat=True, seed=seed)

@@ -41,7 +41,8 @@ def main(argv):
   logging.getLogger('xfmr_jax').setLevel(logging.INFO)
   logging.getLogger('xfmr_jax').addHandler(logging.StreamHandler())
   logging.getLogger('xfmr_jax').propagate = False
-  from xfmr_jax import sharding, trainer  # after flag parsing: fast --help
+  # after flag parsing: fast --help
+  from xfmr_jax import run_config, sharding, training_loop
   config = _CONFIG.value
   # Before anything touches a device: one process per host joins the others.
   sharding.initialize_distributed(config.coordinator_address,
@@ -51,8 +52,8 @@ def main(argv):
   name = os.path.splitext(os.path.basename(config_path))[0]
   workdir = _WORKDIR.value or os.path.join('workdir', name)
   try:
-    metrics = trainer.train_and_evaluate(config, workdir)
-  except (trainer.ConfigError, trainer.NonFiniteError) as e:
+    metrics = training_loop.train_and_evaluate(config, workdir)
+  except (run_config.ConfigError, training_loop.NonFiniteError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   if 'stopped_by' not in metrics:

@@ -22,7 +22,8 @@ jax.config.update('jax_num_cpu_devices', 2)
 import numpy as np  # noqa: E402
 
 from tests import sharding_checks as common  # noqa: E402
-from xfmr_jax import checkpoint, sharding, train  # noqa: E402
+from xfmr_jax import checkpoint, sharding  # noqa: E402
+from xfmr_jax import train_state, train_steps  # noqa: E402
 
 
 def main(port: str, process_id: str, workdir: str):
@@ -31,8 +32,8 @@ def main(port: str, process_id: str, workdir: str):
   assert jax.process_count() == 2 and jax.device_count() == 4
   model, tx = common.model_and_optimizer()
   mesh = sharding.make_mesh((2, 2, 1))
-  state, shardings = sharding.create_train_state(model, tx, 0, mesh)
-  train_fn, _ = train.jit_steps(model, tx, 0.1, mesh=mesh,
+  state, shardings = train_state.create_train_state(model, tx, 0, mesh)
+  train_fn, _ = train_steps.jit_steps(model, tx, 0.1, mesh=mesh,
                                 state_shardings=shardings)
   rows = common.BATCH // jax.process_count()
   me = jax.process_index()

@@ -22,7 +22,7 @@ import optax
 import pytest
 
 from xfmr_jax import checkpoint, decode, model as model_lib, optim, sharding
-from xfmr_jax import train
+from xfmr_jax import train_state, train_steps
 from xfmr_jax.config import ModelConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -66,8 +66,8 @@ def steps_for(shape):
   if shape not in _STEPS:
     model, tx = model_and_optimizer()
     mesh = mesh_of(shape)
-    shardings = sharding.state_shardings(model, tx, mesh)
-    train_fn, _ = train.jit_steps(model, tx, 0.1, mesh=mesh,
+    shardings = train_state.state_shardings(model, tx, mesh)
+    train_fn, _ = train_steps.jit_steps(model, tx, 0.1, mesh=mesh,
                                   state_shardings=shardings)
     _STEPS[shape] = mesh, shardings, train_fn
   return _STEPS[shape]
@@ -77,7 +77,7 @@ def run(shape, state=None, data=None):
   mesh, _, train_fn = steps_for(shape)
   if state is None:
     model, tx = model_and_optimizer()
-    state, _ = sharding.create_train_state(model, tx, 0, mesh)
+    state, _ = train_state.create_train_state(model, tx, 0, mesh)
   losses = []
   for b in batches() if data is None else data:
     state, metrics = train_fn(state, sharding.global_batch(b, mesh))
@@ -88,8 +88,8 @@ def run(shape, state=None, data=None):
 def train_unsharded(**changes):
   """The unsharded code path (no mesh) on one device: the reference."""
   model, tx = model_and_optimizer(**changes)
-  state = jax.jit(lambda: train.init_state(model, tx, 0))()
-  train_fn, _ = train.jit_steps(model, tx, 0.1)
+  state = jax.jit(lambda: train_state.init_state(model, tx, 0))()
+  train_fn, _ = train_steps.jit_steps(model, tx, 0.1)
   losses = []
   for b in batches():
     state, metrics = train_fn(state, b)
@@ -151,7 +151,7 @@ def spec(tree, *path):
 def test_parameters_and_optimizer_state_follow_the_rules():
   model, tx = model_and_optimizer()
   mesh = mesh_of((1, 4, 2))  # fsdp x model
-  state, _ = sharding.create_train_state(model, tx, 0, mesh)
+  state, _ = train_state.create_train_state(model, tx, 0, mesh)
   p = state.params
   emb = p['source_embed']['embedding']
   assert emb.sharding.spec == P('model', 'fsdp')   # [vocab, embed]
@@ -182,13 +182,13 @@ def test_parameters_and_optimizer_state_follow_the_rules():
 
 def test_pure_data_parallel_replicates_parameters():
   model, tx = model_and_optimizer()
-  shardings = sharding.state_shardings(model, tx, mesh_of((8, 1, 1)))
+  shardings = train_state.state_shardings(model, tx, mesh_of((8, 1, 1)))
   assert all(s.is_fully_replicated for s in jax.tree.leaves(shardings))
 
 
 def test_scanned_stack_and_activations_follow_the_rules():
   model, tx = model_and_optimizer(scan_layers=True)
-  shardings = sharding.state_shardings(model, tx, mesh_of((1, 4, 2)))
+  shardings = train_state.state_shardings(model, tx, mesh_of((1, 4, 2)))
   wi = shardings.params['encoder']['ffn']['wi']
   assert wi.spec == P(None, 'fsdp', 'model')  # [layers, embed, mlp]
   rules = sharding.RULES
@@ -202,7 +202,7 @@ def test_scanned_stack_and_activations_follow_the_rules():
 
 def test_axes_that_do_not_divide_stay_whole():
   model, tx = model_and_optimizer(vocab_size=63)
-  shardings = sharding.state_shardings(model, tx, mesh_of((1, 4, 2)))
+  shardings = train_state.state_shardings(model, tx, mesh_of((1, 4, 2)))
   assert shardings.params['source_embed']['embedding'].spec == P(None, 'fsdp')
 
 
@@ -211,8 +211,8 @@ def test_state_is_created_sharded_by_one_jit():
   device's output buffer holds 1/8 of the sharded parameters."""
   model, tx = model_and_optimizer()
   mesh = mesh_of((1, 8, 1))
-  shardings = sharding.state_shardings(model, tx, mesh)
-  init = jax.jit(sharding.traced_under(lambda: train.init_state(model, tx, 0),
+  shardings = train_state.state_shardings(model, tx, mesh)
+  init = jax.jit(sharding.traced_under(lambda: train_state.init_state(model, tx, 0),
                                        mesh, sharding.RULES),
                  out_shardings=shardings)
   compiled = init.lower().compile()
@@ -221,7 +221,7 @@ def test_state_is_created_sharded_by_one_jit():
   stats = compiled.memory_analysis()
   if stats is not None:
     total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
-        jax.eval_shape(lambda: train.init_state(model, tx, 0))))
+        jax.eval_shape(lambda: train_state.init_state(model, tx, 0))))
     assert stats.output_size_in_bytes < total / 2
 
 
@@ -238,7 +238,7 @@ def test_checkpoint_restores_onto_other_meshes(tmp_path):
   model, tx = model_and_optimizer()
   for shape in ((1, 1, 1), (8, 1, 1), (1, 4, 2)):
     mesh, shardings, _ = steps_for(shape)
-    target = sharding.abstract_state(model, tx, mesh)
+    target = train_state.abstract_state(model, tx, mesh)
     step, restored, data_state, _ = ckpt.restore(target)
     assert step == STEPS and checkpoint.process_data_state(data_state) == {
         'pos': 7}
@@ -293,8 +293,8 @@ def test_variant_trains_and_decodes_like_one_device(variant):
   model, tx = model_and_optimizer(**VARIANTS[variant])
   state, want = train_unsharded(**VARIANTS[variant])
   mesh = mesh_of((1, 4, 2))
-  sharded, shardings = sharding.create_train_state(model, tx, 0, mesh)
-  train_sharded, _ = train.jit_steps(model, tx, 0.1, mesh=mesh,
+  sharded, shardings = train_state.create_train_state(model, tx, 0, mesh)
+  train_sharded, _ = train_steps.jit_steps(model, tx, 0.1, mesh=mesh,
                                      state_shardings=shardings)
   losses = []
   for b in batches():

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xfmr_jax import config, decode, model
+from xfmr_jax import blocks, config, decode, model, token_ids
 
-EOS = decode.EOS_ID
+EOS = token_ids.EOS
 TINY = dict(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=2,
             num_decoder_layers=2, vocab_size=17, max_len=32)
 # Unshared output projection: with tied embeddings a random model mostly
@@ -166,7 +166,7 @@ def test_cache_layout_and_multi_token_steps():
                        encoded, cache_len=14, method=m.decode_step,
                        mutable=['cache'])
     # A whole prefix in one step (e.g. a forced prompt): 9 positions, then 5.
-    decoder_inputs = model.shift_right(targets)
+    decoder_inputs = blocks.shift_right(targets)
     first, state2 = m.apply({**variables, **state}, src,
                             decoder_inputs[:, :9], 0, cache_len=14,
                             method=m.decode_step, mutable=['cache'])

@@ -5,14 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xfmr_jax import attention, layers
+from xfmr_jax import attention, dropout
 
 
 @pytest.mark.parametrize('rate', [0.1, 0.3, 0.5, 0.9])
 @pytest.mark.parametrize('shape', [(32, 64, 192), (7, 1001)])  # even / odd width
 def test_rate_and_scale_are_honoured(rate, shape):
   x = jnp.ones(shape, jnp.float32)
-  y = np.asarray(jax.jit(layers.dropout, static_argnums=1)(
+  y = np.asarray(jax.jit(dropout.dropout, static_argnums=1)(
       x, rate, jax.random.key(0)))
   kept = y != 0
   n = kept.size
@@ -31,27 +31,27 @@ def test_rate_and_scale_are_honoured(rate, shape):
 
 def test_mask_is_a_function_of_the_key():
   x = jnp.arange(1.0, 4097.0).reshape(64, 64)
-  a = layers.dropout(x, 0.2, jax.random.key(1))
-  b = layers.dropout(x, 0.2, jax.random.key(1))
-  c = layers.dropout(x, 0.2, jax.random.key(2))
+  a = dropout.dropout(x, 0.2, jax.random.key(1))
+  b = dropout.dropout(x, 0.2, jax.random.key(1))
+  c = dropout.dropout(x, 0.2, jax.random.key(2))
   np.testing.assert_array_equal(a, b)
   assert np.any(np.asarray(a) != np.asarray(c))
   # Expectation is preserved: E[dropout(x)] = x.
-  means = np.mean([np.asarray(layers.dropout(x, 0.2, jax.random.key(k)))
+  means = np.mean([np.asarray(dropout.dropout(x, 0.2, jax.random.key(k)))
                    for k in range(200)], axis=0)
   assert abs(means.mean() / np.asarray(x).mean() - 1) < 0.01
 
 
 def test_module_and_rate_zero():
   x = jnp.ones((4, 6))
-  mod = layers.Dropout(0.5)
+  mod = dropout.Dropout(0.5)
   np.testing.assert_array_equal(mod.apply({}, x, deterministic=True), x)
   y = mod.apply({}, x, deterministic=False,
                 rngs={'dropout': jax.random.key(0)})
   assert set(np.unique(np.asarray(y))) <= {0.0, 2.0}
-  np.testing.assert_array_equal(layers.dropout(x, 0.0, None), x)
+  np.testing.assert_array_equal(dropout.dropout(x, 0.0, None), x)
   with pytest.raises(ValueError):
-    layers.dropout(x, 1.0, jax.random.key(0))
+    dropout.dropout(x, 1.0, jax.random.key(0))
 
 
 def test_attention_dropout_uses_it():
@@ -67,7 +67,7 @@ def test_attention_dropout_uses_it():
 
 
 def test_random_words_are_uniform_distinct_and_independent():
-  words = np.asarray(layers.random_words(jax.random.key(0), (256, 512)))
+  words = np.asarray(dropout.random_words(jax.random.key(0), (256, 512)))
   n = words.size
   assert len(np.unique(words)) == n   # a bijection of the element index
   bits = (words[..., None] >> np.arange(32, dtype=np.uint32)) & 1
@@ -75,7 +75,7 @@ def test_random_words_are_uniform_distinct_and_independent():
   assert np.all(np.abs(bits.reshape(n, 32).mean(0) - 0.5) < 6 * sigma)
   # Neighbours (along a row and down a column) and the same element under a
   # neighbouring key agree on a bit as often as chance, for every bit.
-  other = np.asarray(layers.random_words(jax.random.key(1), (256, 512)))
+  other = np.asarray(dropout.random_words(jax.random.key(1), (256, 512)))
   for a, b in [(words[:, 1:], words[:, :-1]), (words[1:], words[:-1]),
                (words, other)]:
     agree = 1 - (((a ^ b)[..., None] >> np.arange(32, dtype=np.uint32)) & 1)
@@ -89,7 +89,7 @@ def test_random_words_are_uniform_distinct_and_independent():
 def test_dropout_masks_of_folded_keys_are_independent():
   x = jnp.ones((64, 256))
   key = jax.random.key(7)
-  masks = [np.asarray(layers.dropout(x, 0.5, jax.random.fold_in(key, i))) > 0
+  masks = [np.asarray(dropout.dropout(x, 0.5, jax.random.fold_in(key, i))) > 0
            for i in range(4)]
   for i in range(3):
     agree = (masks[i] == masks[i + 1]).mean()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.test_train import tiny_config
-from xfmr_jax import checkpoint, train, trainer
+from xfmr_jax import checkpoint, run_dir, train_state
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -49,8 +49,8 @@ def wait_for_checkpoint(proc, workdir, step, timeout=240):
 
 def final_params(data_dir, workdir, step):
   cfg = tiny_config(data_dir)
-  model, tx = trainer.build(cfg, 300)
-  abstract = jax.eval_shape(lambda: train.init_state(model, tx, 0))
+  model, tx = run_dir.build_model_and_optimizer(cfg, 300)
+  abstract = jax.eval_shape(lambda: train_state.init_state(model, tx, 0))
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                  async_save=False)
   restored = ckpt.restore(abstract, step)

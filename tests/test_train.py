@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from experiments.configs import toy
-from xfmr_jax import checkpoint, losses, optim, train, trainer
+from xfmr_jax import checkpoint, losses, optim, run_config, run_dir
+from xfmr_jax import train_state, train_steps, training_loop
 
 
 def tiny_config(data_dir, **changes):
@@ -75,9 +76,9 @@ def test_smoothed_loss_matches_numpy(rng):
 
 def test_eval_metrics_ignore_padding(data_dir, rng):
   cfg = tiny_config(data_dir)
-  model, tx = trainer.build(cfg, 50)
-  state = jax.jit(lambda: train.init_state(model, tx, 0))()
-  _, eval_fn = train.jit_steps(model, tx, 0.1)
+  model, tx = run_dir.build_model_and_optimizer(cfg, 50)
+  state = jax.jit(lambda: train_state.init_state(model, tx, 0))()
+  _, eval_fn = train_steps.jit_steps(model, tx, 0.1)
   batch = {'inputs': rng.integers(3, 50, (2, 6)).astype(np.int32),
            'targets': rng.integers(3, 50, (2, 5)).astype(np.int32)}
   padded = {k: np.pad(v, ((0, 0), (0, 4))) for k, v in batch.items()}
@@ -89,7 +90,7 @@ def test_eval_metrics_ignore_padding(data_dir, rng):
 
 def test_training_reduces_loss_and_writes_metrics(data_dir, tmp_path):
   cfg = tiny_config(data_dir, num_train_steps=60)
-  final = trainer.train_and_evaluate(cfg, str(tmp_path))
+  final = training_loop.train_and_evaluate(cfg, str(tmp_path))
   rows = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
   train_rows = [r for r in rows if r['split'] == 'train']
   assert train_rows[-1]['loss'] < 0.75 * train_rows[0]['loss']
@@ -105,9 +106,9 @@ def test_training_reduces_loss_and_writes_metrics(data_dir, tmp_path):
 
 def test_resume_continues_from_checkpoint(data_dir, tmp_path):
   cfg = tiny_config(data_dir, num_train_steps=20)
-  trainer.train_and_evaluate(cfg, str(tmp_path))
+  training_loop.train_and_evaluate(cfg, str(tmp_path))
   cfg = tiny_config(data_dir, num_train_steps=30)
-  final = trainer.train_and_evaluate(cfg, str(tmp_path))
+  final = training_loop.train_and_evaluate(cfg, str(tmp_path))
   assert final['step'] == 30
   steps = [json.loads(l)['step'] for l in open(tmp_path / 'metrics.jsonl')
            if '"train"' in l]
@@ -116,15 +117,15 @@ def test_resume_continues_from_checkpoint(data_dir, tmp_path):
 
 def test_damaged_newest_checkpoint_falls_back(data_dir, tmp_path, caplog):
   cfg = tiny_config(data_dir, num_train_steps=20)
-  trainer.train_and_evaluate(cfg, str(tmp_path))
+  training_loop.train_and_evaluate(cfg, str(tmp_path))
   ckpt_dir = tmp_path / 'checkpoints'
   assert sorted(int(p.name) for p in ckpt_dir.iterdir()
                 if p.name.isdigit()) == [10, 20]
   for f in (ckpt_dir / '20' / 'state').rglob('*'):
     if f.is_file():
       f.write_bytes(b'garbage')
-  model, tx = trainer.build(cfg, 300)
-  abstract = jax.eval_shape(lambda: train.init_state(model, tx, 0))
+  model, tx = run_dir.build_model_and_optimizer(cfg, 300)
+  abstract = jax.eval_shape(lambda: train_state.init_state(model, tx, 0))
   ckpt = checkpoint.Checkpointer(str(ckpt_dir), async_save=False)
   with caplog.at_level(logging.WARNING):
     step, state, data_state, config = ckpt.restore(abstract)
@@ -136,13 +137,13 @@ def test_damaged_newest_checkpoint_falls_back(data_dir, tmp_path, caplog):
 
 def test_nan_guard_stops_and_keeps_good_checkpoints(data_dir, tmp_path):
   cfg = tiny_config(data_dir, debug_nan_at_step=13)
-  with pytest.raises(trainer.NonFiniteError, match='step 13'):
-    trainer.train_and_evaluate(cfg, str(tmp_path))
+  with pytest.raises(training_loop.NonFiniteError, match='step 13'):
+    training_loop.train_and_evaluate(cfg, str(tmp_path))
   ckpt_dir = tmp_path / 'checkpoints'
   steps = sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit())
   assert steps == [10]
-  model, tx = trainer.build(cfg, 300)
-  abstract = jax.eval_shape(lambda: train.init_state(model, tx, 0))
+  model, tx = run_dir.build_model_and_optimizer(cfg, 300)
+  abstract = jax.eval_shape(lambda: train_state.init_state(model, tx, 0))
   ckpt = checkpoint.Checkpointer(str(ckpt_dir), async_save=False)
   _, state, _, _ = ckpt.restore(abstract)
   ckpt.close()
@@ -151,9 +152,9 @@ def test_nan_guard_stops_and_keeps_good_checkpoints(data_dir, tmp_path):
 
 def test_nan_step_leaves_state_unchanged(data_dir, rng):
   cfg = tiny_config(data_dir)
-  model, tx = trainer.build(cfg, 50)
-  state = jax.jit(lambda: train.init_state(model, tx, 0))()
-  train_fn, _ = train.jit_steps(model, tx, 0.1, nan_at_step=0)
+  model, tx = run_dir.build_model_and_optimizer(cfg, 50)
+  state = jax.jit(lambda: train_state.init_state(model, tx, 0))()
+  train_fn, _ = train_steps.jit_steps(model, tx, 0.1, nan_at_step=0)
   batch = {'inputs': rng.integers(3, 50, (2, 6)).astype(np.int32),
            'targets': rng.integers(3, 50, (2, 5)).astype(np.int32)}
   before = jax.device_get(state.params)
@@ -173,8 +174,8 @@ def test_nan_step_leaves_state_unchanged(data_dir, rng):
 def test_bad_configs_are_rejected(data_dir, field, value, message):
   cfg = tiny_config(data_dir)
   cfg[field] = value
-  with pytest.raises(trainer.ConfigError, match=message):
-    trainer.validate_config(cfg)
+  with pytest.raises(run_config.ConfigError, match=message):
+    run_config.validate_config(cfg)
 
 
 @pytest.mark.parametrize('model_changes, message', [
@@ -184,8 +185,8 @@ def test_bad_configs_are_rejected(data_dir, field, value, message):
 def test_bad_model_configs_are_rejected(data_dir, model_changes, message):
   cfg = tiny_config(data_dir)
   cfg.model.update(**model_changes)
-  with pytest.raises(trainer.ConfigError, match=message):
-    trainer.validate_config(cfg)
+  with pytest.raises(run_config.ConfigError, match=message):
+    run_config.validate_config(cfg)
 
 
 def test_gradient_accumulation_equals_one_big_batch(rng):
@@ -203,8 +204,8 @@ def test_gradient_accumulation_equals_one_big_batch(rng):
     # so float noise in near-zero gradients cannot flip it.
     tx = optim.make_optimizer(d_model=16, warmup_steps=5, eps=1.0,
                               grad_accum_steps=accum)
-    state = jax.jit(lambda: train.init_state(m, tx, 0))()
-    step, _ = train.jit_steps(m, tx, 0.0)
+    state = jax.jit(lambda: train_state.init_state(m, tx, 0))()
+    step, _ = train_steps.jit_steps(m, tx, 0.0)
     for b in batches:
       state, _ = step(state, b)
     results.append(jax.device_get(state.params))
@@ -217,9 +218,9 @@ def test_gradient_accumulation_equals_one_big_batch(rng):
 def test_bfloat16_compute_keeps_float32_parameters(data_dir, rng):
   cfg = tiny_config(data_dir)
   cfg.model.dtype = 'bfloat16'
-  model, tx = trainer.build(cfg, 50)
-  state = jax.jit(lambda: train.init_state(model, tx, 0))()
-  train_fn, _ = train.jit_steps(model, tx, 0.1)
+  model, tx = run_dir.build_model_and_optimizer(cfg, 50)
+  state = jax.jit(lambda: train_state.init_state(model, tx, 0))()
+  train_fn, _ = train_steps.jit_steps(model, tx, 0.1)
   batch = {'inputs': rng.integers(3, 50, (4, 6)).astype(np.int32),
            'targets': rng.integers(3, 50, (4, 5)).astype(np.int32)}
   losses_ = []
@@ -233,7 +234,7 @@ def test_bfloat16_compute_keeps_float32_parameters(data_dir, rng):
 def test_best_checkpoint_by_bleu_is_kept_beside_the_latest(data_dir, tmp_path):
   cfg = tiny_config(data_dir, num_train_steps=30, eval_every=10,
                     checkpoint_every=10, keep_checkpoints=1)
-  trainer.train_and_evaluate(cfg, str(tmp_path))
+  training_loop.train_and_evaluate(cfg, str(tmp_path))
   evals = {r['step']: r['bleu'] for r in map(json.loads,
                                                open(tmp_path / 'metrics.jsonl'))
            if r['split'] == 'eval'}
@@ -243,3 +244,20 @@ def test_best_checkpoint_by_bleu_is_kept_beside_the_latest(data_dir, tmp_path):
                 if p.name.isdigit())
   assert kept[-1] == 30 and len(kept) == 2
   assert evals[kept[0]] == best
+
+
+def test_logged_learning_rate_is_the_rate_of_the_last_update(data_dir,
+                                                             tmp_path):
+  # With accumulation the schedule advances once per 3 micro-steps.
+  cfg = tiny_config(data_dir, num_train_steps=20, grad_accum_steps=3)
+  training_loop.train_and_evaluate(cfg, str(tmp_path))
+  rows = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
+  logged = {r['step']: r['learning_rate'] for r in rows
+            if r['split'] == 'train'}
+  assert sorted(logged) == [5, 10, 15, 20]
+  schedule = optim.paper_schedule(cfg.model.d_model, cfg.warmup_steps,
+                                  cfg.lr_scale)
+  for step, lr in logged.items():
+    updates = step // 3
+    np.testing.assert_allclose(lr, schedule(updates - 1), rtol=1e-6)
+    assert abs(lr - float(schedule(step - 1))) > 1e-6  # not the micro-step's

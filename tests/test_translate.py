@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from tests.test_train import tiny_config
-from xfmr_jax import checkpoint, data, decode, trainer
+from xfmr_jax import checkpoint, data, decode, training_loop
 from xfmr_jax.translate import BUCKETS, Translator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ def workdir(data_dir, tmp_path_factory):
                     test_samples=64)
   cfg.model.update(d_model=128, num_heads=4, num_encoder_layers=2,
                    num_decoder_layers=2, d_ff=256, max_len=128)
-  trainer.train_and_evaluate(cfg, str(wd))
+  training_loop.train_and_evaluate(cfg, str(wd))
   return wd
 
 

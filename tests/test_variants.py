@@ -11,7 +11,7 @@ import pytest
 
 from tests import reference
 from xfmr_jax import attention, config, decode, layers, model
-from xfmr_jax import positional, train
+from xfmr_jax import positional, token_ids, train_state, train_steps
 
 TINY = dict(vocab_size=24, d_model=32, num_heads=4, d_ff=64,
             num_encoder_layers=2, num_decoder_layers=2, max_len=64,
@@ -47,7 +47,7 @@ def example_batch(seed=0, batch=3, s=7, t=6, vocab=24):
   targets = rng.integers(3, vocab, (batch, t)).astype(np.int32)
   inputs[0, s - 2:] = 0
   targets[0, t - 2:] = 0
-  inputs[1, -1] = decode.EOS_ID
+  inputs[1, -1] = token_ids.EOS
   return jnp.asarray(inputs), jnp.asarray(targets)
 
 
@@ -288,11 +288,11 @@ def test_variant_trains_and_decodes_with_the_cache(combo):
   inputs, targets = example_batch(batch=4)
   batch = dict(inputs=inputs, targets=targets)
   tx = optax.adam(3e-3)
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+  state = train_state.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                            opt_state=tx.init(params),
                            rng=jax.random.key_data(jax.random.key(0)),
                            bad_step=jnp.full((), -1, jnp.int32))
-  step, _ = train.jit_steps(m, tx, label_smoothing=0.0)
+  step, _ = train_steps.jit_steps(m, tx, label_smoothing=0.0)
   losses = []
   for _ in range(20):
     state, metrics = step(state, batch)
@@ -359,17 +359,17 @@ def test_decoder_only_learns_toy_translation(data_dir, tmp_path):
   """The trainer runs a decoder-only model end to end (training, eval loss,
   cached decoding for BLEU) and it learns far beyond the majority token."""
   from tests.test_train import tiny_config
-  from xfmr_jax import data, trainer
+  from xfmr_jax import data, run_config, training_loop
   from xfmr_jax.tokenizer import Tokenizer
   c = tiny_config(data_dir, num_train_steps=150, batch_size=16,
                   warmup_steps=30, lr_scale=1.0)
   c.model.update(model_kind='decoder_only', d_model=64, num_heads=4,
                  num_decoder_layers=2, d_ff=128, positional='rope',
                  num_kv_heads=2)
-  metrics = trainer.train_and_evaluate(c, str(tmp_path))
+  metrics = training_loop.train_and_evaluate(c, str(tmp_path))
   tokenizer = Tokenizer.load(str(tmp_path / 'tokenizer.model'))
   batches = data.make_eval_batches(
-      trainer._source(c, c.eval_split), tokenizer, batch_size=16,
+      run_config.data_source(c, c.eval_split), tokenizer, batch_size=16,
       max_length=c.eval_max_length, limit=64)
   targets = np.concatenate([b['targets'][b['targets'] > 0] for b in batches])
   majority = np.bincount(targets).max() / targets.size

@@ -18,6 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from xfmr_jax.dropout import dropout
+
 IMPLEMENTATIONS = ('reference', 'xla', 'cudnn', 'pallas')
 
 
@@ -177,7 +179,6 @@ def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
   weights = attention_weights(query, key, mask, bias)
   probs = weights
   if dropout_rate > 0.0 and dropout_rng is not None:
-    from xfmr_jax.layers import dropout  # layers imports this module
     probs = dropout(probs, dropout_rate, dropout_rng)
   value = repeat_kv_heads(value, query.shape[-2])
   out = jnp.einsum('bhqk,bkhd->bqhd', probs.astype(value.dtype), value)

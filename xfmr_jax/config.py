@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from xfmr_jax import activations, attention
+
 NORM_POSITIONS = ('post', 'pre')
 NORM_TYPES = ('layernorm', 'rmsnorm')
-ACTIVATIONS = ('relu', 'gelu', 'swiglu')
+ACTIVATIONS = activations.NAMES
 POSITIONALS = ('sinusoidal', 'learned', 'rope', 'alibi', 'none')
 DTYPES = ('float32', 'bfloat16')
 MODEL_KINDS = ('encoder_decoder', 'decoder_only', 'encoder_only')
-ATTENTION_IMPLS = ('auto', 'reference', 'xla', 'cudnn', 'pallas')
+ATTENTION_IMPLS = ('auto',) + attention.IMPLEMENTATIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,8 +19,8 @@ class ModelConfig:
   """Hyperparameters of the encoder-decoder Transformer.
 
   Defaults are the paper's base model (Table 3, row "base") with a shared
-  37,000-token vocabulary. The other values of the switches are the later
-  variants the seed describes:
+  37,000-token vocabulary. The other values of the switches are the variants
+  that later work made common:
 
   * ``norm_position`` 'pre' and ``norm_type`` 'rmsnorm';
   * ``activation`` 'gelu' or 'swiglu' (a gated FFN with three matrices: to keep

@@ -30,10 +30,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from xfmr_jax.masks import PAD_ID
-from xfmr_jax.model import shift_right
+from xfmr_jax.blocks import shift_right
+from xfmr_jax.token_ids import EOS, PAD
 
-EOS_ID = 1
+DECODE_EXTRA = 50  # tokens decoded beyond the input length (paper section 6.1)
 NEG_INF = -1.0e7  # finite "impossible" score: keeps beam arithmetic NaN-free
 TRACE_COUNTS: collections.Counter = collections.Counter()
 
@@ -55,10 +55,12 @@ def _variables(params):
   return nn.unbox(params if 'params' in params else {'params': params})
 
 
-def decode_length(config, input_length: int, max_decode_len=None) -> int:
-  """Output length: input length + 50 (the paper's choice), capped by max_len
+def decode_length(config, input_length: int, max_decode_len=None, *,
+                  extra: int = DECODE_EXTRA) -> int:
+  """Output length: ``max_decode_len`` if given, else input length + ``extra``
+  (the paper decodes up to 50 tokens past the input), capped by ``max_len``
   (a decoder-only model's positions count the source too)."""
-  length = input_length + 50 if max_decode_len is None else max_decode_len
+  length = input_length + extra if max_decode_len is None else max_decode_len
   room = config.max_len
   if config.model_kind == 'decoder_only':
     room -= input_length
@@ -70,7 +72,7 @@ def decode_length(config, input_length: int, max_decode_len=None) -> int:
 
 def _no_pad(logits):
   """Forbid the pad id (see the module docstring). logits: ``[..., vocab]``."""
-  return logits.at[..., PAD_ID].set(-jnp.inf)
+  return logits.at[..., PAD].set(-jnp.inf)
 
 
 def _batch_axis(model) -> int:
@@ -120,8 +122,8 @@ def _autoregress(batch, length, carry, next_logits, pick):
   def body(state):
     t, out, done, carry = state
     logits, carry = next_logits(carry, out, t)
-    token = jnp.where(done, PAD_ID, pick(_no_pad(logits), t))
-    return t + 1, out.at[:, t].set(token), done | (token == EOS_ID), carry
+    token = jnp.where(done, PAD, pick(_no_pad(logits), t))
+    return t + 1, out.at[:, t].set(token), done | (token == EOS), carry
 
   init = (0, jnp.zeros((batch, length), jnp.int32), jnp.zeros((batch,), bool),
           carry)
@@ -151,7 +153,7 @@ def greedy_decode(model, params, inputs, *, max_decode_len=None):
   """Greedy decoding with the KV cache.
 
   Args:
-    model: a :class:`~xfmr_jax.model.Transformer` (static).
+    model: a :class:`~xfmr_jax.model.SequenceModel` (static).
     params: its params (or ``{'params': ...}``).
     inputs: ``[batch, s]`` int32 source ids, 0-padded.
     max_decode_len: static; default ``s + 50`` capped by ``config.max_len``.
@@ -182,7 +184,7 @@ def naive_greedy_decode(model, params, inputs, *, max_decode_len=None):
   def next_logits(encoded, out, t):
     # Targets up to t-1 are the emitted tokens; the one at t is unknown but
     # must be non-pad so its query is not masked; later ones are not seen.
-    targets = jnp.where(jnp.arange(length) < t, out, EOS_ID)
+    targets = jnp.where(jnp.arange(length) < t, out, EOS)
     return run(targets)[:, t], encoded
 
   return _autoregress(inputs.shape[0], length, encoded, next_logits, _argmax)
@@ -267,7 +269,7 @@ def _beam_update(beams, log_probs, t, alpha):
   seqs = seqs.at[:, :, t].set(token)
   # Extensions of NEG_INF placeholders (or of a forbidden token) are not real.
   real = logp > NEG_INF / 2
-  ended = token == EOS_ID
+  ended = token == EOS
   new_scores = jnp.where(real & ended, logp / length_penalty(t + 1, alpha),
                          NEG_INF)
   fin_scores, pick = jax.lax.top_k(

@@ -1,7 +1,7 @@
 """A decoder-only (GPT-style) Transformer: translation as conditional LM.
 
-The seed warns that "Transformer" is not only the encoder-decoder. Here one
-causal stack reads ``source EOS <sep> target`` as a single sequence and is
+"Transformer" is not only the encoder-decoder of the paper. Here one causal
+stack reads ``source EOS <sep> target`` as a single sequence and is
 trained to predict the target part; ``<sep>`` is the EOS id again (the toy
 vocabulary reserves no other id), standing where the encoder-decoder's
 decoder has its start symbol.
@@ -23,12 +23,13 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from xfmr_jax import losses, masks
+from xfmr_jax import masks
+from xfmr_jax.blocks import (SelfAttentionStack, default_positions, output_head,
+                             shift_right)
 from xfmr_jax.config import ModelConfig
-from xfmr_jax.model import (SelfAttentionStack, default_positions,
-                            output_projection, shift_right)
+from xfmr_jax.token_ids import EOS, PAD
 
-SEP_ID = 1  # the EOS id, reused as the separator / start of the target part
+SEP_ID = EOS  # reused as the separator / start of the target part
 
 
 def source_lengths(source_segments, target_segments):
@@ -52,8 +53,7 @@ class DecoderOnly(nn.Module):
   def setup(self):
     cfg = self.config
     self.body = SelfAttentionStack(cfg, cfg.num_decoder_layers)
-    if not cfg.share_embeddings:
-      self.output_projection = output_projection(cfg)
+    self.output_head = output_head(cfg, self.body.embed)
 
   def _run(self, tokens, mask, positions, deterministic, decode=None,
            step=None):
@@ -63,13 +63,11 @@ class DecoderOnly(nn.Module):
   def output_table(self):
     """The ``[vocab, d_model]`` pre-softmax projection (see
     :meth:`Transformer.output_table`)."""
-    if self.config.share_embeddings:
-      return self.body.embed.embedding
-    return self.output_projection.table()
+    return self.output_head.table()
 
   def logits(self, x):
     """``[..., d_model] -> float32 [..., vocab]``."""
-    return losses.project(x, self.output_table())
+    return self.output_head(x)
 
   def __call__(self, inputs, targets, inputs_segmentation=None,
                targets_segmentation=None, inputs_position=None,
@@ -77,17 +75,18 @@ class DecoderOnly(nn.Module):
                return_hidden: bool = False):
     """inputs ``[batch, s]``, targets ``[batch, t]`` -> logits ``[batch, t, V]``.
 
-    Same arguments (and ``return_hidden``) as :class:`~xfmr_jax.model.Transformer`.
+    Same arguments (and ``return_hidden``) as
+    :class:`~xfmr_jax.encoder_decoder.Transformer`.
     """
     s = inputs.shape[1]
-    src_seg = (inputs != masks.PAD_ID).astype(jnp.int32)
-    tgt_seg = (targets != masks.PAD_ID).astype(jnp.int32)
+    src_seg = (inputs != PAD).astype(jnp.int32)
+    tgt_seg = (targets != PAD).astype(jnp.int32)
     if inputs_segmentation is not None:
       src_seg, tgt_seg = inputs_segmentation, targets_segmentation
     # Decoder inputs of the target part: the targets shifted right, with the
     # separator where each target starts.
     shifted = shift_right(targets, targets_segmentation)
-    shifted = jnp.where((shifted == masks.PAD_ID) & (tgt_seg != 0), SEP_ID,
+    shifted = jnp.where((shifted == PAD) & (tgt_seg != 0), SEP_ID,
                         shifted)
     tokens = jnp.concatenate([inputs, shifted], axis=1)
     positions = jnp.concatenate([
@@ -95,10 +94,7 @@ class DecoderOnly(nn.Module):
         source_lengths(src_seg, tgt_seg) +
         default_positions(targets, targets_position)], axis=1)
     segments = jnp.concatenate([src_seg, tgt_seg], axis=1)
-    mask = masks.combine_masks(
-        masks.causal_mask(tokens.shape[1]),
-        masks.segment_mask(segments, segments),
-        (segments != 0)[:, None, None, :])
+    mask = masks.prefix_lm_mask(segments)
     # Only the target part is projected onto the vocabulary.
     hidden = self._run(tokens, mask, positions, deterministic)[:, s:]
     return (hidden, self.output_table()) if return_hidden else self.logits(
@@ -106,10 +102,8 @@ class DecoderOnly(nn.Module):
 
   def _cache_mask(self, inputs, cache_len):
     """Keys ``[batch, 1, 1, s + cache_len]``: source padding is invisible."""
-    visible = jnp.concatenate(
-        [inputs != masks.PAD_ID,
-         jnp.ones((inputs.shape[0], cache_len), bool)], axis=1)
-    return visible[:, None, None, :]
+    return masks.key_mask(jnp.concatenate(
+        [inputs != PAD, jnp.ones((inputs.shape[0], cache_len), bool)], axis=1))
 
   def init_cache(self, inputs, cache_len: int):
     """Prefill: run the source ``[batch, s]`` through the stack, caching its
@@ -128,8 +122,8 @@ class DecoderOnly(nn.Module):
     if encoded is not None:
       raise ValueError('a decoder-only model has no encoder output to cache')
     s = inputs.shape[1]
-    tokens = jnp.where(tokens == masks.PAD_ID, SEP_ID, tokens)
-    lengths = jnp.sum(inputs != masks.PAD_ID, axis=1, keepdims=True)
+    tokens = jnp.where(tokens == PAD, SEP_ID, tokens)
+    lengths = jnp.sum(inputs != PAD, axis=1, keepdims=True)
     positions = lengths + step + jnp.arange(tokens.shape[1])
     return self.logits(self._run(tokens, self._cache_mask(inputs, cache_len),
                                  positions, True, s + cache_len, s + step))

@@ -12,9 +12,10 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
+from xfmr_jax import masks
+from xfmr_jax.blocks import SelfAttentionStack, default_positions
 from xfmr_jax.config import ModelConfig
 from xfmr_jax.layers import dense
-from xfmr_jax.model import SelfAttentionStack, Transformer, default_positions
 
 
 class EncoderOnly(nn.Module):
@@ -31,7 +32,7 @@ class EncoderOnly(nn.Module):
                targets_position=None, deterministic: bool = True):
     """inputs ``[batch, s]`` -> float32 label logits ``[batch, s, num_labels]``."""
     del targets, targets_segmentation, targets_position  # labels: loss only
-    mask = Transformer.encoder_mask(inputs, inputs_segmentation)
+    mask = masks.encoder_mask(inputs, inputs_segmentation)
     x = self.body(inputs, mask, default_positions(inputs, inputs_position),
                   deterministic)
     return self.head(x).astype(jnp.float32)

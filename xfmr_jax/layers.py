@@ -7,17 +7,15 @@ that :mod:`xfmr_jax.sharding`-style rules can map onto a device mesh.
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from xfmr_jax import attention, positional
+from xfmr_jax import activations, attention, masks, positional
 from xfmr_jax.config import ModelConfig
-
-ACTIVATIONS: dict[str, Callable] = {'relu': jax.nn.relu, 'gelu': jax.nn.gelu}
+from xfmr_jax.dropout import Dropout
 
 
 def layer_norm(x, scale, bias, epsilon: float = 1e-6):
@@ -47,8 +45,8 @@ def linear(x, w):
   Flattening first changes no value; it changes the backward pass. Autodiff
   of the 2-D product writes the weight gradient ``x^T dy`` as a 2-D
   contraction, which XLA's CPU backend runs at full matmul speed; contracted
-  over two token axes (batch and length) it ran with both operands
-  transposed, and train steps were 6-12% slower (``experiments/benchmark.py``).
+  over two token axes (batch and length) it runs with both operands
+  transposed, which is slower (``docs/benchmarks.md``).
   """
   y = x.reshape(-1, x.shape[-1]) @ w
   return y.reshape(*x.shape[:-1], w.shape[-1])
@@ -68,84 +66,14 @@ def feed_forward(x, w1, b1, w2, b2, activation: Callable = jax.nn.relu):
   return y if b2 is None else y + b2
 
 
-def swiglu_feed_forward(x, w_gate, w1, w2):
-  """Gated FFN ``(swish(x W_gate) * x W1) W2`` (SwiGLU, Shazeer 2020).
+def swiglu_feed_forward(x, w_gate, w1, w2, gate=jax.nn.silu):
+  """Gated FFN ``(gate(x W_gate) * x W1) W2`` (SwiGLU with swish, Shazeer 2020).
 
   Args:
     x: ``[..., d_model]``; w_gate, w1: ``[d_model, d_ff]``;
     w2: ``[d_ff, d_model]``. Bias-free, as usually trained.
   """
-  return linear(jax.nn.silu(linear(x, w_gate)) * linear(x, w1), w2)
-
-
-# Dropout keeps an element when 16 random bits are at or above
-# ``round(rate * 2**16)``: the rate is honoured to 2**-16, and each 32-bit
-# word serves two elements.
-_DROPOUT_BITS = 16
-
-
-def _mix32(x):
-  """A bijection of uint32 with full avalanche (Wellons' "lowbias32" hash):
-  every input bit flips each output bit with probability close to 1/2."""
-  x = x ^ (x >> 16)
-  x = x * jnp.uint32(0x7FEB352D)
-  x = x ^ (x >> 15)
-  x = x * jnp.uint32(0x846CA68B)
-  return x ^ (x >> 16)
-
-
-def random_words(rng: jax.Array, shape) -> jnp.ndarray:
-  """Uniform uint32 words of ``shape``: each element's flat index hashed under
-  two key words drawn from ``rng``.
-
-  Counter-based like threefry, and as much a pure function of ``(rng,
-  shape)``, but eight to ten times cheaper per word on a CPU (two
-  multiply-xorshift rounds instead of twenty threefry rounds), where drawing
-  dropout masks was a large share of a train step. Good for dropout masks,
-  not for cryptography.
-  """
-  k = jax.random.bits(rng, (2,), jnp.uint32)
-  index = jnp.arange(math.prod(shape), dtype=jnp.uint32).reshape(shape)
-  return _mix32(_mix32(index ^ k[0]) + k[1])
-
-
-def dropout(x, rate: float, rng: jax.Array):
-  """Inverted dropout: zero each element with probability ``rate`` and scale
-  the kept ones by ``1 / (1 - rate)``.
-
-  Args:
-    x: any shape (at most 2**32 elements).
-    rate: the drop probability, in ``[0, 1)``.
-    rng: a PRNG key; the mask is a pure function of it and ``x.shape``.
-  """
-  if rate == 0.0:
-    return x
-  if not 0.0 < rate < 1.0:
-    raise ValueError(f'dropout rate must be in [0, 1), got {rate!r}')
-  threshold = jnp.uint32(round(rate * 2 ** _DROPOUT_BITS))
-  lo = lambda w: (w & jnp.uint32(0xFFFF)) >= threshold
-  hi = lambda w: (w >> 16) >= threshold
-  if x.ndim and x.shape[-1] % 2 == 0:
-    # Word i of a row drops element i (low bits) and i + width/2 (high bits).
-    words = random_words(rng, (*x.shape[:-1], x.shape[-1] // 2))
-    keep = jnp.concatenate([lo(words), hi(words)], axis=-1)
-  else:
-    words = random_words(rng, ((x.size + 1) // 2,))
-    keep = jnp.stack([lo(words), hi(words)], -1).reshape(-1)[:x.size]
-    keep = keep.reshape(x.shape)
-  scale = jnp.asarray(1.0 / (1.0 - rate), x.dtype)
-  return jnp.where(keep, x * scale, jnp.zeros_like(x))
-
-
-class Dropout(nn.Module):
-  """Dropout on ``x`` unless ``deterministic``; draws from the ``dropout`` rng."""
-  rate: float
-
-  @nn.compact
-  def __call__(self, x, deterministic: bool):
-    if deterministic or self.rate == 0.0:
-      return x
-    return dropout(x, self.rate, self.make_rng('dropout'))
+  return linear(gate(linear(x, w_gate)) * linear(x, w1), w2)
 
 
 def _param(module: nn.Module, name: str, init, shape, axes):
@@ -208,9 +136,10 @@ class FeedForward(nn.Module):
     dtype = jnp.dtype(cfg.dtype)
     xavier = nn.initializers.xavier_uniform()
     zeros = nn.initializers.zeros
-    biased = cfg.use_bias and cfg.activation != 'swiglu'
-    # Parameters are drawn in creation order: keep wi, bi, wo, bo so a given
-    # seed initialises the paper's model as it always has.
+    gated = cfg.activation in activations.GATED
+    biased = cfg.use_bias and not gated
+    # A module draws its parameters in creation order, so the order wi, bi,
+    # wo, bo is part of what a given random seed initialises.
     w1 = _param(self, 'wi', xavier, (cfg.d_model, cfg.d_ff), ('embed', 'mlp'))
     b1 = _param(self, 'bi', zeros, (cfg.d_ff,), ('mlp',)) if biased else None
     w2 = _param(self, 'wo', xavier, (cfg.d_ff, cfg.d_model), ('mlp', 'embed'))
@@ -218,12 +147,13 @@ class FeedForward(nn.Module):
           else None)
     cast = lambda *ps: [None if p is None else p.astype(dtype) for p in ps]
     x = x.astype(dtype)
-    if cfg.activation == 'swiglu':
+    if gated:
       gate = _param(self, 'wi_gate', xavier, (cfg.d_model, cfg.d_ff),
                     ('embed', 'mlp'))
-      return swiglu_feed_forward(x, *cast(gate, w1, w2))
+      return swiglu_feed_forward(x, *cast(gate, w1, w2),
+                                 gate=activations.GATED[cfg.activation])
     return feed_forward(x, *cast(w1, b1, w2, b2),
-                        activation=ACTIVATIONS[cfg.activation])
+                        activation=activations.FUNCTIONS[cfg.activation])
 
 
 class MultiHeadAttention(nn.Module):
@@ -337,9 +267,7 @@ class MultiHeadAttention(nn.Module):
       cached_position.value = jax.lax.dynamic_update_slice(
           cached_position.value, positions.astype(jnp.int32), (0, step))
       key_positions = cached_position.value
-    slots = step + jnp.arange(length)
-    keys = jnp.arange(cached_key.value.shape[1])
-    mask = (keys[None, :] <= slots[:, None])[None, None]
+    mask = masks.cache_mask(step, length, cached_key.value.shape[1])
     return cached_key.value, cached_value.value, key_positions, mask
 
 

@@ -1,4 +1,5 @@
-"""Attention masks (paper section 3.2.3).
+"""Attention masks (paper section 3.2.3), and the masks each model assembles
+from them.
 
 Every mask is boolean and broadcastable to ``[batch, heads, query_length,
 key_length]``; ``True`` means "may attend". Masks combine with logical AND, so a
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-PAD_ID = 0
+from xfmr_jax.token_ids import PAD
 
 
 def causal_mask(query_length: int, key_length: int | None = None) -> jnp.ndarray:
@@ -26,7 +27,7 @@ def causal_mask(query_length: int, key_length: int | None = None) -> jnp.ndarray
 
 
 def padding_mask(query_tokens: jnp.ndarray, key_tokens: jnp.ndarray,
-                 pad_id: int = PAD_ID) -> jnp.ndarray:
+                 pad_id: int = PAD) -> jnp.ndarray:
   """Mask ``[batch, 1, q, k]`` that hides padding keys and padding queries.
 
   Args:
@@ -59,3 +60,59 @@ def combine_masks(*masks: jnp.ndarray | None) -> jnp.ndarray | None:
   for m in masks[1:]:
     out = out & m
   return out
+
+
+# ------------------------------------------------ masks the models assemble --
+
+def encoder_mask(inputs, inputs_segmentation=None):
+  """Encoder self-attention ``[batch, 1, s, s]``: padding (and, in packed
+  rows, other segments) hidden. inputs: ``[batch, s]`` ids."""
+  return combine_masks(
+      padding_mask(inputs, inputs),
+      None if inputs_segmentation is None else
+      segment_mask(inputs_segmentation, inputs_segmentation))
+
+
+def decoder_masks(inputs, targets, inputs_segmentation=None,
+                  targets_segmentation=None):
+  """``(self_mask [batch, 1, t, t], cross_mask [batch, 1, t, s])`` of the
+  teacher-forced decoder.
+
+  The shifted decoder inputs start with the pad id, so padding is read off the
+  unshifted ``targets`` ``[batch, t]``; ``inputs`` ``[batch, s]`` are the source.
+  """
+  self_mask = combine_masks(
+      causal_mask(targets.shape[1]), padding_mask(targets, targets),
+      None if targets_segmentation is None else
+      segment_mask(targets_segmentation, targets_segmentation))
+  cross_mask = combine_masks(
+      padding_mask(targets, inputs),
+      None if targets_segmentation is None else
+      segment_mask(targets_segmentation, inputs_segmentation))
+  return self_mask, cross_mask
+
+
+def key_mask(keys_visible):
+  """``[batch, k]`` booleans -> ``[batch, 1, 1, k]``: which keys any query sees."""
+  return keys_visible[:, None, None, :]
+
+
+def source_key_mask(inputs):
+  """Cross-attention while decoding ``[batch, 1, 1, s]``: source padding hidden."""
+  return key_mask(inputs != PAD)
+
+
+def prefix_lm_mask(segments):
+  """Causal attention within each segment of one sequence ``[batch, n]``
+  (segment ids, 0 = padding): the decoder-only model over ``source EOS target``."""
+  return combine_masks(causal_mask(segments.shape[1]),
+                       segment_mask(segments, segments),
+                       key_mask(segments != 0))
+
+
+def cache_mask(step, query_length: int, cache_len: int):
+  """``[1, 1, q, cache_len]`` over a decoding cache: the new token in slot
+  ``step + i`` sees slots ``0 .. step + i``."""
+  slots = step + jnp.arange(query_length)
+  keys = jnp.arange(cache_len)
+  return (keys[None, :] <= slots[:, None])[None, None]

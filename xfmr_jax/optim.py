@@ -5,6 +5,7 @@ optionally scaled, with optional global-norm clipping and gradient accumulation.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -40,3 +41,22 @@ def make_optimizer(*, d_model: int, warmup_steps: int, lr_scale: float = 1.0,
   if grad_accum_steps > 1:
     tx = optax.MultiSteps(tx, every_k_schedule=grad_accum_steps)
   return tx
+
+
+def updates_applied(opt_state) -> jax.Array:
+  """How many updates the optimizer has applied: the count of its learning-rate
+  schedule. With gradient accumulation that is one per ``grad_accum_steps``
+  micro-steps, and a step skipped for a non-finite loss does not count."""
+  states = [s for s in jax.tree.leaves(
+      opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState))
+            if isinstance(s, optax.ScaleByScheduleState)]
+  if len(states) != 1:
+    raise ValueError(f'expected one learning-rate schedule in the optimizer '
+                     f'state, found {len(states)}')
+  return states[0].count
+
+
+def last_learning_rate(opt_state, schedule: optax.Schedule) -> jax.Array:
+  """The rate ``schedule`` gave the latest update applied (the first update's
+  rate before any)."""
+  return schedule(jnp.maximum(updates_applied(opt_state) - 1, 0))

@@ -23,10 +23,13 @@ gets ``batch -> ('data', 'fsdp')`` and leaves ``embed`` whole, while a weight
 not divide stays unsplit along that axis.
 
     mesh = sharding.make_mesh((2, 4, 1))
-    state, shardings = sharding.create_train_state(model, tx, 0, mesh)
-    train_fn, eval_fn = train.jit_steps(model, tx, 0.1, mesh=mesh,
+    state, shardings = train_state.create_train_state(model, tx, 0, mesh)
+    train_fn, eval_fn = train_steps.jit_steps(model, tx, 0.1, mesh=mesh,
                                         state_shardings=shardings)
     state, metrics = train_fn(state, sharding.global_batch(batch, mesh))
+
+This module knows meshes, rules and arrays only; the train state's layout is
+derived in :mod:`xfmr_jax.train_state`.
 """
 from __future__ import annotations
 
@@ -175,33 +178,6 @@ def logical_to_shardings(logical_specs, abstract, mesh, rules=RULES):
     return NamedSharding(mesh, _fit(mesh_spec, x.shape, mesh))
   return jax.tree.map(one, logical_specs, abstract,
                       is_leaf=lambda s: isinstance(s, P))
-
-
-def state_shardings(model, tx, mesh, rules=RULES, seed: int = 0):
-  """``TrainState`` of NamedShardings: params and optimiser state by rules."""
-  from xfmr_jax import train
-  boxed = jax.eval_shape(lambda: train.boxed_init_state(model, tx, seed))
-  specs = nn.get_partition_spec(boxed)
-  return logical_to_shardings(specs, nn.unbox(boxed), mesh, rules)
-
-
-def abstract_state(model, tx, mesh, rules=RULES, seed: int = 0):
-  """``ShapeDtypeStruct`` train state with shardings: a restore target."""
-  from xfmr_jax import train
-  shapes = jax.eval_shape(lambda: train.init_state(model, tx, seed))
-  shardings = state_shardings(model, tx, mesh, rules, seed)
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                        sharding=s),
-                      shapes, shardings)
-
-
-def create_train_state(model, tx, seed: int, mesh, rules=RULES):
-  """``(state, shardings)``: the state is created already sharded by one jit."""
-  from xfmr_jax import train
-  shardings = state_shardings(model, tx, mesh, rules, seed)
-  init = jax.jit(traced_under(lambda: train.init_state(model, tx, seed),
-                               mesh, rules), out_shardings=shardings)
-  return init(), shardings
 
 
 def global_batch(batch: dict, mesh, *, replicated_input: bool = False) -> dict:

@@ -1,7 +1,7 @@
 """One shared SentencePiece vocabulary for source and target (section 5.1).
 
 Reserved ids: PAD=0, EOS=1, UNK=2; there is no BOS (the decoder's start symbol
-is PAD, as in `model.shift_right`). The model file is saved in the training
+is PAD, as in `blocks.shift_right`). The model file is saved in the training
 workdir, so a checkpoint travels with its tokenizer:
 
     tok = Tokenizer.train(texts, workdir, vocab_size=2000)  # or
@@ -21,9 +21,10 @@ from typing import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from xfmr_jax.token_ids import EOS, PAD, UNK
+
 log = logging.getLogger(__name__)
 
-PAD, EOS, UNK = 0, 1, 2
 MODEL_FILENAME = 'tokenizer.model'
 
 

@@ -14,9 +14,10 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from xfmr_jax import decode
-from xfmr_jax.model import Transformer
-from xfmr_jax.tokenizer import EOS, Tokenizer
+from xfmr_jax import decode, run_dir
+from xfmr_jax.model import SequenceModel
+from xfmr_jax.token_ids import EOS
+from xfmr_jax.tokenizer import Tokenizer
 
 BUCKETS = (16, 32, 64, 128, 256, 512)
 
@@ -35,9 +36,10 @@ class Translator:
       ``temperature > 0``.
   """
 
-  def __init__(self, model: Transformer, params, tokenizer: Tokenizer, *,
+  def __init__(self, model: SequenceModel, params, tokenizer: Tokenizer, *,
                beam_size: int = 1, alpha: float = 0.6,
-               max_decode_extra: int = 50, batch_size: int = 64,
+               max_decode_extra: int = decode.DECODE_EXTRA,
+               batch_size: int = 64,
                too_long: str = 'truncate', temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int = 0):
     if too_long not in ('truncate', 'error'):
@@ -55,8 +57,7 @@ class Translator:
   @classmethod
   def from_workdir(cls, workdir: str, step: int | None = None, **kwargs):
     """Load the newest (or given) checkpoint of a training workdir once."""
-    from xfmr_jax import trainer  # avoids a cycle: trainer uses Translator
-    model, params, tokenizer, _ = trainer.load_for_inference(workdir, step)
+    model, params, tokenizer, _ = run_dir.load_for_inference(workdir, step)
     return cls(model, params, tokenizer, **kwargs)
 
   def _encode(self, text: str, index: int) -> list[int]:
@@ -77,8 +78,8 @@ class Translator:
 
   def decode_ids(self, inputs: np.ndarray) -> np.ndarray:
     """``[batch, s]`` padded source ids -> ``[batch, t]`` output ids."""
-    length = min(inputs.shape[1] + self.max_decode_extra,
-                 self.model.config.max_len)
+    length = decode.decode_length(self.model.config, inputs.shape[1],
+                                  extra=self.max_decode_extra)
     if self.temperature > 0:
       self._rng, key = jax.random.split(self._rng)
       out = decode.sample(self.model, self.params, inputs, key,

@@ -35,7 +35,7 @@ def get_config() -> ml_collections.ConfigDict:
       positional='sinusoidal', norm_position='post', norm_type='layernorm',
       activation='relu', share_embeddings=True, dtype='float32',
       scan_layers=False, remat=False,
-      # The seed's variants (see ModelConfig): positional 'rope'/'alibi',
+      # Variants (see ModelConfig): positional 'rope'/'alibi',
       # activation 'swiglu', num_kv_heads < num_heads (GQA, 1 = MQA),
       # use_bias, model_kind 'decoder_only', attention_impl.
       num_kv_heads=0, use_bias=True, model_kind='encoder_decoder',

@@ -1,4 +1,4 @@
-"""Train state and the jitted train and eval steps.
+"""The jitted train and eval steps.
 
 A batch is a dict of int32 ``[batch, length]`` arrays: ``inputs``, ``targets``
 and, for packed rows, ``inputs_segmentation``, ``targets_segmentation``,
@@ -7,59 +7,23 @@ and, for packed rows, ``inputs_segmentation``, ``targets_segmentation``,
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import flax.linen as nn
-from flax import struct
 import jax
 import jax.numpy as jnp
 import optax
 
-from xfmr_jax import losses
-from xfmr_jax.model import Transformer
+from xfmr_jax import losses, sharding, train_state
+from xfmr_jax.model import SequenceModel
+from xfmr_jax.train_state import TrainState
 
 MODEL_KEYS = ('inputs', 'targets', 'inputs_segmentation', 'targets_segmentation',
               'inputs_position', 'targets_position')
 
 
-class TrainState(struct.PyTreeNode):
-  """Everything a resumed run needs, as one pytree (checkpointed whole).
-
-  ``rng`` is raw key data; the dropout key of step ``s`` is
-  ``fold_in(rng, s)``, so a resumed run draws the same masks.
-  ``bad_step`` is the first step whose loss or gradients were not finite (-1
-  if none); from then on updates are skipped so the state stays good.
-  """
-  step: jax.Array
-  params: Any
-  opt_state: Any
-  rng: jax.Array
-  bad_step: jax.Array
-
-
 def model_inputs(batch: dict) -> dict:
+  """The entries of ``batch`` that the model reads."""
   return {k: batch[k] for k in MODEL_KEYS if k in batch}
-
-
-def boxed_init_state(model: Transformer, tx: optax.GradientTransformation,
-                     seed: int, length: int = 8) -> TrainState:
-  """Fresh state whose params and optimiser moments are still ``nn.Partitioned``
-  boxes carrying their logical axis names (``nn.get_partition_spec`` reads
-  them; :mod:`xfmr_jax.sharding` turns them into shardings)."""
-  params_key, dropout_key = jax.random.split(jax.random.key(seed))
-  dummy = jnp.ones((1, length), jnp.int32)
-  params = model.init(params_key, dummy, dummy)['params']
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                    opt_state=tx.init(params),
-                    rng=jax.random.key_data(dropout_key),
-                    bad_step=jnp.full((), -1, jnp.int32))
-
-
-def init_state(model: Transformer, tx: optax.GradientTransformation,
-               seed: int, length: int = 8) -> TrainState:
-  """Fresh state. Call under ``jax.jit``; for a sharded state use
-  :func:`xfmr_jax.sharding.create_train_state` (``jit`` with ``out_shardings``)."""
-  return nn.unbox(boxed_init_state(model, tx, seed, length))
 
 
 def _loss_fn(params, batch, model, dropout_key, label_smoothing):
@@ -68,21 +32,21 @@ def _loss_fn(params, batch, model, dropout_key, label_smoothing):
       deterministic=dropout_key is None,
       rngs=None if dropout_key is None else {'dropout': dropout_key})
   weights = (batch['targets'] > 0).astype(jnp.float32)
-  if getattr(model, 'output_table', None) is not None:
+  if isinstance(model, SequenceModel):
     # The model stops before its vocabulary projection, which the loss takes
     # inside its own gradient (one pass over the [tokens, vocab] logits each
     # way instead of several).
     hidden, table = apply(return_hidden=True)
     metrics = losses.projected_token_metrics(hidden, table, batch['targets'],
                                              weights, label_smoothing)
-  else:  # e.g. the encoder-only tagger's biased label head
+  else:  # the encoder-only tagger's biased label head
     metrics = losses.token_metrics(apply(), batch['targets'], weights,
                                    label_smoothing)
   # Mean over this batch's tokens: every token weighs the same.
   return metrics['loss'] / jnp.maximum(metrics['tokens'], 1.0), metrics
 
 
-def train_step(state: TrainState, batch: dict, *, model: Transformer,
+def train_step(state: TrainState, batch: dict, *, model: nn.Module,
                tx: optax.GradientTransformation, label_smoothing: float,
                nan_at_step: int = -1):
   """One optimiser step. Returns ``(state, metrics)`` with summed metrics.
@@ -108,7 +72,7 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer,
     return optax.apply_updates(s.params, updates), opt_state
 
   # A branch rather than where(ok, new, old) over every leaf: the update then
-  # writes the donated buffers in place (measured 3x faster at base size),
+  # writes the donated buffers in place (several times faster at base size),
   # and a skipped step touches nothing.
   params, opt_state = jax.lax.cond(ok, update,
                                    lambda s: (s.params, s.opt_state), state)
@@ -122,20 +86,20 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer,
   return new_state, metrics
 
 
-def eval_step(params, batch: dict, *, model: Transformer,
+def eval_step(params, batch: dict, *, model: nn.Module,
               label_smoothing: float) -> dict:
   """Summed loss/NLL/accuracy over the real tokens of one batch."""
   _, metrics = _loss_fn(params, batch, model, None, label_smoothing)
   return metrics
 
 
-def jit_steps(model: Transformer, tx: optax.GradientTransformation,
+def jit_steps(model: nn.Module, tx: optax.GradientTransformation,
               label_smoothing: float, nan_at_step: int = -1, *, mesh=None,
               state_shardings=None, rules=None):
   """The jitted ``(train_step, eval_step)``; the train state is donated.
 
   With ``mesh`` (and the ``state_shardings`` of
-  :func:`xfmr_jax.sharding.create_train_state`) both are jitted with explicit
+  :func:`xfmr_jax.train_state.create_train_state`) both are jitted with explicit
   shardings: the state keeps its layout, batches are split over the data axes
   and the metrics come back replicated; activations follow ``rules``.
   """
@@ -146,10 +110,9 @@ def jit_steps(model: Transformer, tx: optax.GradientTransformation,
                                label_smoothing=label_smoothing)
   if mesh is None:
     return jax.jit(train, donate_argnums=0), jax.jit(evaluate)
-  from xfmr_jax import sharding  # pylint: disable=g-import-not-at-top
   rules = sharding.RULES if rules is None else rules
   if state_shardings is None:
-    state_shardings = sharding.state_shardings(model, tx, mesh, rules)
+    state_shardings = train_state.state_shardings(model, tx, mesh, rules)
   batch, rep = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   train = jax.jit(sharding.traced_under(train, mesh, rules),
                   in_shardings=(state_shardings, batch),

@@ -1,0 +1,96 @@
+"""Evaluation of a translation model: token-level loss and accuracy, and
+translation quality (sacreBLEU on detokenized text, exact match).
+
+    metrics, samples = evaluate(config, model, params, tokenizer, eval_fn,
+                                batches, source, limit)
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+import sacrebleu
+import tqdm
+
+from xfmr_jax import sharding, train_steps
+from xfmr_jax.data import pipeline
+from xfmr_jax.translate import Translator
+
+
+def translator(config, model, params, tokenizer) -> Translator:
+  """The :class:`Translator` a training config evaluates with (its beam size,
+  length penalty, decode length and batch size)."""
+  return Translator(model, params, tokenizer, beam_size=config.beam_size,
+                    alpha=config.beam_alpha,
+                    max_decode_extra=config.max_decode_extra,
+                    batch_size=config.eval_batch_size)
+
+
+def evaluate_loss(eval_fn, params, batches, mesh=None) -> dict:
+  """Per-token smoothed loss, NLL, perplexity and accuracy over ``batches``.
+
+  With ``mesh``, each (whole, same on every process) batch is split over the
+  mesh's data axes.
+  """
+  totals = None
+  for batch in batches:
+    arrays = train_steps.model_inputs(batch)
+    if mesh is not None:
+      arrays = sharding.global_batch(arrays, mesh, replicated_input=True)
+    metrics = jax.device_get(eval_fn(params, arrays))
+    totals = metrics if totals is None else {
+        k: totals[k] + metrics[k] for k in totals}
+  tokens = max(float(totals['tokens']), 1.0)
+  nll = float(totals['nll']) / tokens
+  return {'loss': float(totals['loss']) / tokens, 'nll': nll,
+          'perplexity': math.exp(min(nll, 50.0)),
+          'accuracy': float(totals['correct']) / tokens}
+
+
+def evaluate_translation(translate: Translator, source, limit: int, *,
+                         progress: str | None = None) -> dict:
+  """sacreBLEU and exact match of ``translate`` on the first ``limit`` pairs
+  (all if ``limit <= 0``), with the ``samples`` (source, reference, output).
+
+  ``progress`` names a progress bar over the decoder calls (none if None).
+  """
+  n = len(source) if limit <= 0 else min(limit, len(source))
+  pairs = pipeline.read_pairs(source, list(range(n)))
+  sources = [p[0] for p in pairs]
+  # Length-sorted chunks of a few decoder batches: the bar moves, and each
+  # chunk pads about as little as one call over everything would.
+  order = sorted(range(n), key=lambda i: len(sources[i]))
+  chunk = 4 * translate.batch_size
+  hyps = [''] * n
+  starts = range(0, n, chunk)
+  bar = tqdm.tqdm(starts, desc=progress, leave=False, dynamic_ncols=True,
+                  disable=progress is None or jax.process_index() != 0)
+  for start in bar:
+    part = order[start:start + chunk]
+    for i, h in zip(part, translate([sources[i] for i in part])):
+      hyps[i] = h
+  refs = [p[1] for p in pairs]
+  bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
+  exact = float(np.mean([h == r for h, r in zip(hyps, refs)]))
+  samples = [dict(source=p[0], reference=p[1], output=h)
+             for p, h in zip(pairs, hyps)]
+  return {'bleu': bleu, 'exact_match': exact, 'samples': samples}
+
+
+def evaluate(config, model, params, tokenizer, eval_fn, batches, source,
+             limit: int, mesh=None, progress: str | None = None):
+  """``(metrics, samples)``: :func:`evaluate_loss` over ``batches`` and
+  :func:`evaluate_translation` of the first ``limit`` pairs of ``source``."""
+  metrics = evaluate_loss(eval_fn, params, batches, mesh)
+  translation = evaluate_translation(
+      translator(config, model, params, tokenizer), source, limit,
+      progress=progress)
+  samples = translation.pop('samples')
+  return {**metrics, **translation}, samples
+
+
+def format_samples(samples, n: int) -> str:
+  """The first ``n`` samples as indented source / reference / output lines."""
+  return '\n'.join(f"  source:    {s['source']}\n  reference: {s['reference']}"
+                   f"\n  output:    {s['output']}" for s in samples[:n])

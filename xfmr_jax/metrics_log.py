@@ -1,0 +1,79 @@
+"""What a training run reports: metrics rows on disk and training throughput."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+import numpy as np
+
+
+class MetricsWriter:
+  """JSON lines (``metrics.jsonl``) and TensorBoard events, on process 0 only."""
+
+  def __init__(self, workdir: str):
+    self.enabled = jax.process_index() == 0
+    if self.enabled:
+      from tensorboardX import SummaryWriter  # heavy; only where it writes
+      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+
+  def write(self, step: int, prefix: str, metrics: dict) -> None:
+    if not self.enabled:
+      return
+    scalars = {k: float(v) for k, v in metrics.items()
+               if isinstance(v, (int, float, np.floating, np.integer))}
+    self._jsonl.write(json.dumps({'step': step, 'split': prefix, **scalars})
+                      + '\n')
+    self._jsonl.flush()
+    for k, v in scalars.items():
+      self._tb.add_scalar(f'{prefix}/{k}', v, step)
+    self._tb.flush()
+
+  def close(self):
+    if self.enabled:
+      self._tb.close()
+      self._jsonl.close()
+
+
+class Throughput:
+  """Training tokens per second, over the whole run and since the last look.
+
+  The first step of a process compiles, so its time and tokens are left out;
+  so is time spent in :meth:`pause` (evaluation). Call :meth:`step` once per
+  completed step.
+  """
+
+  def __init__(self):
+    self.start = None          # end of the first step
+    self.tokens = 0            # after the first step
+    self.paused = 0.0
+    self._interval_start, self._interval_tokens = None, 0
+
+  def step(self, tokens: int) -> None:
+    now = time.time()
+    if self.start is None:
+      self.start = self._interval_start = now
+      return
+    self.tokens += tokens
+    self._interval_tokens += tokens
+
+  def pause(self, seconds: float) -> None:
+    self.paused += seconds
+    if self._interval_start is not None:
+      self._interval_start += seconds
+
+  def interval_rate(self) -> float:
+    """Tokens/s since the previous call (or the first step); restarts it."""
+    if self._interval_start is None:
+      return 0.0
+    now = time.time()
+    rate = self._interval_tokens / max(now - self._interval_start, 1e-9)
+    self._interval_start, self._interval_tokens = now, 0
+    return rate
+
+  def overall_rate(self) -> float:
+    if self.start is None:
+      return 0.0
+    return self.tokens / max(time.time() - self.start - self.paused, 1e-9)

@@ -1,0 +1,98 @@
+"""Training configs (``ml_collections``, see ``experiments/configs``): checks
+that run before any training starts, and what a config resolves to.
+
+Every check raises :class:`ConfigError` with a message naming the field.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+
+from xfmr_jax import data, sharding
+from xfmr_jax.config import ModelConfig
+
+
+class ConfigError(ValueError):
+  """A training config that cannot work; raised before any training starts."""
+
+
+_POSITIVE = ('vocab_size', 'max_length', 'eval_max_length', 'batch_size',
+             'num_train_steps', 'warmup_steps', 'log_every', 'eval_every',
+             'checkpoint_every', 'keep_checkpoints', 'eval_batch_size',
+             'grad_accum_steps', 'beam_size', 'tokenizer_max_sentences')
+
+
+def model_config(config, vocab_size: int) -> ModelConfig:
+  """The :class:`ModelConfig` of ``config.model`` with the tokenizer's vocabulary."""
+  try:
+    return ModelConfig(vocab_size=vocab_size, **config.model.to_dict())
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f'config.model: {e}') from None
+
+
+def data_source(config, split: str):
+  """The ``(source, target)`` pairs of ``split`` of ``config.dataset``."""
+  return data.get_source(config.dataset, split, config.data_dir or None,
+                         reverse=config.reverse)
+
+
+def validate_config(config) -> None:
+  """Reject a config that cannot train, with a message naming the field."""
+  for name in _POSITIVE:
+    value = config[name]
+    if not isinstance(value, int) or value <= 0:
+      raise ConfigError(f'config.{name} must be a positive integer, got '
+                        f'{value!r}')
+  if config.max_length > config.model.max_len:
+    raise ConfigError(f'config.max_length={config.max_length} exceeds '
+                      f'config.model.max_len={config.model.max_len}')
+  if config.length_policy not in ('filter', 'truncate'):
+    raise ConfigError("config.length_policy must be 'filter' or 'truncate'")
+  if config.tokenizer_type not in ('bpe', 'unigram'):
+    raise ConfigError("config.tokenizer_type must be 'bpe' or 'unigram'")
+  if config.tokenizer_path and not os.path.exists(config.tokenizer_path):
+    raise ConfigError(f'config.tokenizer_path {config.tokenizer_path!r} does '
+                      'not exist')
+  if not 0 <= config.label_smoothing < 1:
+    raise ConfigError('config.label_smoothing must be in [0, 1)')
+  if config.batch_size % jax.process_count():
+    raise ConfigError(f'config.batch_size={config.batch_size} is not divisible '
+                      f'by the {jax.process_count()} processes')
+  if model_config(config, config.vocab_size).model_kind == 'encoder_only':
+    raise ConfigError("config.model.model_kind='encoder_only' tags tokens; "
+                      'this trainer translates (train a tagger with '
+                      'python -m experiments.train_tagger)')
+  validate_sharding(config)
+  kind, colon, spec = config.dataset.partition(':')
+  if colon and kind in ('tsv', 'files'):
+    for path in spec.split(','):
+      path = path.replace('{split}', config.train_split)
+      if not os.path.exists(path):
+        raise ConfigError(f'config.dataset: data file {path!r} does not exist')
+  elif not (config.dataset.startswith('toy_translate') or
+            config.dataset.startswith(('wmt14_translate/', 'wmt17_translate/'))):
+    raise ConfigError(f'config.dataset={config.dataset!r} is unknown; use '
+                      "'toy_translate', 'wmt14_translate/de-en', "
+                      "'wmt17_translate/de-en', 'tsv:PATH' or 'files:SRC,TGT'")
+
+
+def validate_sharding(config) -> tuple:
+  """The ``(data, fsdp, model)`` mesh shape for this run, or a ConfigError."""
+  try:
+    shape = sharding.resolve_mesh_shape(sharding.mesh_shape_from_config(config),
+                                        jax.device_count())
+    sharding.rules_from_config(config)
+  except (ValueError, TypeError) as e:
+    raise ConfigError(f'config.mesh_shape / parallelism / logical_axis_rules: '
+                      f'{e}') from None
+  rows = shape[0] * shape[1]  # the batch is split over data x fsdp
+  for name in ('batch_size', 'eval_batch_size'):
+    if config[name] % rows:
+      raise ConfigError(f'config.{name}={config[name]} is not divisible by '
+                        f'data x fsdp = {rows} (mesh {shape})')
+  if rows % jax.process_count():
+    raise ConfigError(f'data x fsdp = {rows} (mesh {shape}) must be a multiple '
+                      f'of the {jax.process_count()} processes, so that each '
+                      'process feeds its own rows')
+  return shape
