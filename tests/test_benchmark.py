@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from experiments import benchmark
+from experiments.benchmark import cli, common, torch_reference
+from experiments.benchmark import train as train_bench
+from xfmr_jax import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,10 +32,10 @@ def _check_train(row, with_torch):
 
 def test_benchmark_quick(tmp_path):
   path = tmp_path / 'bench.json'
-  res = benchmark.main(['--quick', '--variants', 'tiny', '--json', str(path)])
+  res = cli.main(['--quick', '--variants', 'tiny', '--json', str(path)])
   on_disk = json.loads(path.read_text())
   assert on_disk['train'][0]['size'] == 'tiny'
-  with_torch = benchmark.torch_available()
+  with_torch = torch_reference.torch_available()
   assert ('torch_skipped' in on_disk) != with_torch
   _check_train(on_disk['train'][0], with_torch)
   dec = on_disk['decode'][0]
@@ -51,32 +53,32 @@ def test_benchmark_quick(tmp_path):
 
 
 def test_model_variants_are_the_main_model_with_their_changes():
-  assert benchmark.parse_args(['--model_variants', 'toy']).model_variants == [
+  assert cli.parse_args(['--model_variants', 'toy']).model_variants == [
       'toy']
-  picked = {k: benchmark.MODEL_VARIANTS[k] for k in ('swiglu', 'gqa')}
-  row = benchmark.bench_train('tiny', rounds=1, variants=picked,
-                              use_torch=False, peak_n=64)
-  d_ff = benchmark.SIZES['tiny']['model']['d_ff']
-  heads = benchmark.SIZES['tiny']['model']['num_heads']
+  picked = {k: train_bench.MODEL_VARIANTS[k] for k in ('swiglu', 'gqa')}
+  row = train_bench.bench_train('tiny', rounds=1, variants=picked,
+                                use_torch=False, peak_n=64)
+  d_ff = common.SIZES['tiny']['model']['d_ff']
+  heads = common.SIZES['tiny']['model']['num_heads']
   assert row['runs']['swiglu']['model_changes'] == dict(
-      activation='swiglu', d_ff=benchmark.config_lib.swiglu_d_ff(d_ff))
+      activation='swiglu', d_ff=config_lib.swiglu_d_ff(d_ff))
   assert row['runs']['gqa']['model_changes'] == dict(
       num_kv_heads=heads // 2)
   assert row['runs']['swiglu']['step_s'] > 0 and not row['unavailable']
 
 
 def test_without_torch_it_says_so(monkeypatch):
-  monkeypatch.setattr(benchmark, 'torch_available', lambda: False)
-  res = benchmark.main(['--sizes', '', '--variants', 'none'])
+  monkeypatch.setattr(cli, 'torch_available', lambda: False)
+  res = cli.main(['--sizes', '', '--variants', 'none'])
   assert 'not installed' in res['torch_skipped']
   assert res['train'] == [] and res['decode'] == []
   with pytest.raises(SystemExit):
-    benchmark.parse_args(['--sizes', 'huge'])
+    cli.parse_args(['--sizes', 'huge'])
 
 
 def test_flops_count():
-  cfg = benchmark.config_lib.ModelConfig(**benchmark.SIZES['base']['model'])
-  flops = benchmark.train_flops(cfg, 16, 64, 64)
+  cfg = config_lib.ModelConfig(**common.SIZES['base']['model'])
+  flops = common.train_flops(cfg, 16, 64, 64)
   # 6 * (matmul parameters) * tokens dominates: ~44M decoder+encoder weights
   # seen by 1024 tokens each side, plus the 16.4M-weight output projection.
   assert 3.0e11 < flops < 4.5e11
@@ -113,24 +115,24 @@ def _paper_sites_off(model):
         getattr(layer, name).p = 0.0
 
 
-@pytest.mark.parametrize('sites', benchmark.TORCH_DROPOUT_SITES)
+@pytest.mark.parametrize('sites', torch_reference.TORCH_DROPOUT_SITES)
 def test_torch_model_drops_out_where_ours_does(sites):
   """The PyTorch model compared with ours drops out only at the paper's sites
   ('paper'); nn.Transformer's defaults ('torch') drop out elsewhere too."""
   torch = pytest.importorskip('torch')
-  cfg = benchmark.config_lib.ModelConfig(**benchmark.SIZES['tiny']['model'],
-                                         dropout_rate=0.3)
-  batch = benchmark.random_batch(cfg.vocab_size, 4, 16)
+  cfg = config_lib.ModelConfig(**common.SIZES['tiny']['model'],
+                               dropout_rate=0.3)
+  batch = common.random_batch(cfg.vocab_size, 4, 16)
   src, tgt = (torch.from_numpy(batch[k]).long() for k in ('inputs', 'targets'))
   torch.manual_seed(0)
-  model = benchmark._torch_model(cfg, 0.3, sites)
+  model = torch_reference._torch_model(cfg, 0.3, sites)
   run = lambda train: model.train(train)(src, tgt)
   assert not torch.allclose(run(True), run(False))   # the paper's sites drop
   _paper_sites_off(model)
   same = torch.allclose(run(True), run(False), atol=1e-5)
   assert same == (sites == 'paper')
   with pytest.raises(ValueError, match='dropout sites'):
-    benchmark._torch_model(cfg, 0.3, 'everywhere')
+    torch_reference._torch_model(cfg, 0.3, 'everywhere')
 
 
 def test_each_timed_run_starts_after_a_pause():
@@ -143,8 +145,8 @@ def test_each_timed_run_starts_after_a_pause():
       stamps.append((name, time.perf_counter()))
     return run
 
-  times = benchmark.interleave({'a': runner('a'), 'b': runner('b')}, rounds=2,
-                               settle_s=0.03)
+  times = common.interleave({'a': runner('a'), 'b': runner('b')}, rounds=2,
+                            settle_s=0.03)
   assert [n for n, _ in stamps] == ['a', 'b', 'a', 'b']
   gaps = [t1 - t0 for (_, t0), (_, t1) in zip(stamps, stamps[1:])]
   assert min(gaps) >= 0.03

@@ -1,0 +1,41 @@
+r"""Train-step, decoding and PyTorch-comparison benchmarks, and a one-shot GPU check.
+
+    python -m experiments.benchmark [--sizes toy,small,base] [--json PATH]
+    python -m experiments.benchmark --gpu_check [--json PATH]   # or gpu_check.sh
+
+For every size it measures, in ONE process and alternating round by round (so
+a machine shared with other jobs slows every contender alike):
+
+* our jitted train step (``xfmr_jax.train_steps``: model, label-smoothed
+  loss, Adam with the paper schedule, dropout 0.1) and its variants without
+  dropout, with ``scan_layers`` and with ``remat``: median step time,
+  tokens/s, compile time of the first step, memory, model FLOPs per step and
+  MFU against a float32 ``jnp.dot`` peak measured in the same rounds;
+* the same model in PyTorch (``torch.nn.Transformer`` with shared, scaled
+  embeddings, sinusoidal positions, tied output projection, label-smoothed
+  cross-entropy, ``torch.optim.Adam``), if torch is installed, with dropout
+  where ours has it (``torch``: embeddings and sublayer outputs, the paper's
+  sites) and, as a second row, with ``nn.Transformer``'s own sites
+  (``torch_default``: also the attention weights and the FFN's hidden layer,
+  extra random masks and multiplies that ours does not do, so that row is not
+  the same computation). Ratios are against ``torch``, the same computation;
+* decoding: generated tokens/s for cached greedy and beam-4 search, the
+  uncached recompute (``decode.naive_greedy_decode``) and a PyTorch naive
+  greedy loop on the same model size.
+
+Timings are wall-clock medians after warm-up. Model FLOPs are counted
+analytically (matmuls and attention, backward = 2 x forward, remat's
+recomputation not counted). MFU = model FLOP/s / measured matmul FLOP/s.
+
+The parts: ``cli`` (the command line, run by ``__main__``), ``common`` (sizes,
+machine description, timing and FLOP counting), ``train``, ``torch_reference``,
+``decode``, ``gpu_check`` and ``report`` (tables and JSON).
+"""
+import os
+
+# PyTorch's OpenMP threads busy-wait between parallel regions by default; on
+# a machine shared with other jobs that spinning takes cores from whatever
+# runs next and slows its own steps too. Passive waiting is the fair setting
+# there; export OMP_WAIT_POLICY=ACTIVE to override. Set here, in the package,
+# so that it is in place before any part imports jax or torch.
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')

@@ -1,0 +1,175 @@
+"""What every benchmark shares: the sizes, the machine, timing and FLOP counts.
+
+Timing alternates the contenders round by round (``interleave``), after a
+pause, so load from other jobs falls on all of them alike. Memory is the peak
+growth of the process's resident set (``PeakRSS``) and the device's own peak
+where it reports one. ``MatmulPeak`` measures the ``jnp.dot`` FLOP/s that MFU
+is taken against; ``train_flops`` counts a train step's model FLOPs.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.configs import toy
+from xfmr_jax import config as config_lib
+
+# The architecture fields a size sets; the rest are ModelConfig's defaults.
+SIZE_FIELDS = ('d_model', 'num_heads', 'num_encoder_layers',
+               'num_decoder_layers', 'd_ff', 'max_len')
+
+
+def _toy_size(decode_batch: int) -> dict:
+  """The 'toy' size: the model, batch and length of experiments/configs/toy.py
+  (its dropout, dtype and attention are the benchmark's, as for every size)."""
+  c = toy.get_config()
+  return dict(model=dict(vocab_size=c.vocab_size,
+                         **{k: c.model[k] for k in SIZE_FIELDS}),
+              batch=c.batch_size, length=c.max_length,
+              decode_batch=decode_batch)
+
+
+# name: model config, batch, length (source = target), decode batch.
+SIZES = {
+    'tiny': dict(model=dict(vocab_size=64, d_model=32, num_heads=2,
+                            num_encoder_layers=1, num_decoder_layers=1,
+                            d_ff=64, max_len=64),
+                 batch=4, length=16, decode_batch=2),
+    'toy': _toy_size(decode_batch=8),
+    'small': dict(model=dict(vocab_size=8000, d_model=256, num_heads=4,
+                             num_encoder_layers=3, num_decoder_layers=3,
+                             d_ff=1024, max_len=256),
+                  batch=32, length=64, decode_batch=4),
+    'base': dict(model=dict(vocab_size=32000, max_len=256),
+                 batch=16, length=64, decode_batch=2),
+    'big': dict(model=dict(vocab_size=32000, d_model=1024, num_heads=16,
+                           d_ff=4096, max_len=256),
+                batch=16, length=64, decode_batch=2),
+}
+DROPOUT = 0.1
+LABEL_SMOOTHING = 0.1
+
+
+def log(*args):
+  print(*args, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ counting --
+
+def train_flops(cfg: config_lib.ModelConfig, batch: int, src: int,
+                tgt: int) -> float:
+  """Model FLOPs of one train step (forward + backward = 3 x forward)."""
+  d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+  enc = 8 * src * d * d + 4 * src * src * d + 4 * src * d * f
+  dec = (8 * tgt * d * d + 4 * tgt * tgt * d          # self-attention
+         + 4 * tgt * d * d + 4 * src * d * d          # cross: q, out; k, v
+         + 4 * tgt * src * d + 4 * tgt * d * f)       # cross scores; FFN
+  forward = (cfg.num_encoder_layers * enc + cfg.num_decoder_layers * dec
+             + 2 * tgt * d * v)                       # output projection
+  return 3.0 * batch * forward
+
+
+# -------------------------------------------------------------------- memory --
+
+def rss_bytes() -> int:
+  try:
+    import psutil  # pylint: disable=g-import-not-at-top
+    return psutil.Process().memory_info().rss
+  except ImportError:
+    with open('/proc/self/statm') as f:
+      return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+
+class PeakRSS:
+  """Peak resident-set growth over a block, sampled every 2 ms."""
+
+  def __enter__(self):
+    self.start = self.peak = rss_bytes()
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._sample, daemon=True)
+    self._thread.start()
+    return self
+
+  def _sample(self):
+    while not self._stop.wait(0.002):
+      self.peak = max(self.peak, rss_bytes())
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()
+    self.peak = max(self.peak, rss_bytes())
+    self.delta = self.peak - self.start
+
+
+def device_peak_bytes():
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get('peak_bytes_in_use')
+
+
+# -------------------------------------------------------------------- timing --
+
+class MatmulPeak:
+  """``jnp.dot`` of two n x n matrices: the FLOP/s ceiling for MFU."""
+
+  def __init__(self, n: int, dtype=jnp.float32):
+    self.n = n
+    key_a, key_b = jax.random.split(jax.random.key(0))
+    self.a = jax.random.normal(key_a, (n, n), dtype)
+    self.b = jax.random.normal(key_b, (n, n), dtype)
+    self.fn = jax.jit(jnp.dot)
+    jax.block_until_ready(self.fn(self.a, self.b))
+    self.flops = 2.0 * n ** 3
+
+  def __call__(self):
+    jax.block_until_ready(self.fn(self.a, self.b))
+
+
+def random_batch(vocab: int, batch: int, length: int, seed: int = 0):
+  rng = np.random.default_rng(seed)
+  # Ids >= 2: no padding (0) and no EOS (1), so every position is a real token.
+  return {k: rng.integers(2, vocab, (batch, length)).astype(np.int32)
+          for k in ('inputs', 'targets')}
+
+
+# Pause before each timed run. XLA's worker threads keep spinning for some
+# milliseconds after a computation; whatever ran next shared the cores with
+# them and ran measurably slower, while after a short idle pause it ran at
+# full speed.
+SETTLE_S = 0.1
+
+
+def interleave(runners: dict, rounds: int, settle_s: float = SETTLE_S) -> dict:
+  """Run each runner once per round, in turn, each after ``settle_s`` idle;
+  per-runner lists of seconds."""
+  times = {name: [] for name in runners}
+  for _ in range(rounds):
+    for name, run in runners.items():
+      time.sleep(settle_s)
+      t0 = time.perf_counter()
+      run()
+      times[name].append(time.perf_counter() - t0)
+  return times
+
+
+# ------------------------------------------------------------------- machine --
+
+def machine() -> str:
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('model name'):
+          cpu = line.split(':', 1)[1].strip()
+          break
+  except OSError:
+    pass
+  dev = jax.devices()[0]
+  return (f'{dev.platform}:{dev.device_kind}, {cpu}, {os.cpu_count()} cores, '
+          f'jax {jax.__version__}')

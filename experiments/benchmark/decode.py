@@ -1,0 +1,87 @@
+"""Decoding throughput: generated tokens/s of our decoders and PyTorch's loop.
+
+Cached greedy and beam-4 search, the uncached recompute
+(``decode.naive_greedy_decode``) and, where torch runs, a PyTorch naive greedy
+loop, on one model size with the EOS embedding zeroed so that every run emits
+the full output length.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.benchmark.common import (DROPOUT, SIZES, interleave, log,
+                                          random_batch)
+from experiments.benchmark.torch_reference import TorchNaiveGreedy
+from xfmr_jax import config as config_lib
+from xfmr_jax import decode, optim, train_state
+from xfmr_jax.model import Transformer
+from xfmr_jax.token_ids import EOS
+
+
+def _decode_params(model, length: int):
+  """Fresh parameters with the EOS embedding zeroed: a random model would
+  otherwise stop at a random step; this way every run emits ``length`` tokens."""
+  state = jax.jit(lambda: train_state.init_state(
+      model, optim.make_optimizer(d_model=model.config.d_model,
+                                  warmup_steps=1), seed=0, length=length))()
+  params = jax.tree.map(lambda x: x, state.params)
+  emb = params['source_embed']['embedding']
+  params['source_embed']['embedding'] = emb.at[EOS].set(0.0)
+  return params
+
+
+def bench_decode(size: str, *, reps: int, use_torch: bool, length: int = 64,
+                 dtype: str = 'float32', batch_size: int | None = None,
+                 naive: bool = True) -> dict:
+  spec = SIZES[size]
+  batch_size = batch_size or spec['decode_batch']
+  cfg = config_lib.ModelConfig(**spec['model'], dropout_rate=DROPOUT,
+                               dtype=dtype)
+  model = Transformer(cfg)
+  params = _decode_params(model, spec['length'])
+  inputs = jnp.asarray(random_batch(cfg.vocab_size, batch_size,
+                                    spec['length'], seed=1)['inputs'])
+  fns = {
+      'greedy_cached': lambda: decode.greedy_decode(
+          model, params, inputs, max_decode_len=length),
+      'beam4_cached': lambda: decode.beam_search(
+          model, params, inputs, beam_size=4, max_decode_len=length)[0],
+  }
+  if naive:
+    fns['greedy_naive'] = lambda: decode.naive_greedy_decode(
+        model, params, inputs, max_decode_len=length)
+  runners, generated, first = {}, {}, {}
+  for name, fn in fns.items():
+    log(f'[{size}] decode: compiling {name} ...')
+    t0 = time.perf_counter()
+    tokens = np.asarray(jax.block_until_ready(fn()))
+    first[name] = time.perf_counter() - t0
+    # Tokens up to and including EOS (0 after it); all of them when no EOS.
+    generated[name] = int((tokens != 0).sum())
+    runners[name] = lambda fn=fn: jax.block_until_ready(fn())
+  if use_torch:
+    torch_greedy = TorchNaiveGreedy(cfg, inputs, length)
+    torch_greedy(2)   # warm-up
+    runners['torch_greedy_naive'] = torch_greedy
+    generated['torch_greedy_naive'] = batch_size * length
+  log(f'[{size}] decode: timing {reps} rounds ...')
+  times = interleave(runners, reps)
+  out = dict(size=size, batch=batch_size, source_length=spec['length'],
+             output_length=length, reps=reps, runs={})
+  for name, ts in times.items():
+    s = float(np.median(ts))
+    out['runs'][name] = dict(seconds=s, generated_tokens=generated[name],
+                             tokens_per_s=generated[name] / s,
+                             first_call_s=first.get(name))
+  runs = out['runs']
+  if 'greedy_naive' in runs:
+    out['cached_vs_naive'] = (runs['greedy_cached']['tokens_per_s'] /
+                              runs['greedy_naive']['tokens_per_s'])
+  if 'torch_greedy_naive' in runs:
+    out['cached_vs_torch_naive'] = (runs['greedy_cached']['tokens_per_s'] /
+                                    runs['torch_greedy_naive']['tokens_per_s'])
+  return out
