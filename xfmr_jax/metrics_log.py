@@ -48,6 +48,7 @@ class Throughput:
   def __init__(self):
     self.start = None          # end of the first step
     self.tokens = 0            # after the first step
+    self.steps = 0
     self.paused = 0.0
     self._interval_start, self._interval_tokens = None, 0
 
@@ -57,6 +58,7 @@ class Throughput:
       self.start = self._interval_start = now
       return
     self.tokens += tokens
+    self.steps += 1
     self._interval_tokens += tokens
 
   def pause(self, seconds: float) -> None:
@@ -73,7 +75,9 @@ class Throughput:
     self._interval_start, self._interval_tokens = now, 0
     return rate
 
-  def overall_rate(self) -> float:
+  def overall_rate(self) -> tuple[float, float]:
+    """``(tokens/s, steps/s)`` over the run so far."""
     if self.start is None:
-      return 0.0
-    return self.tokens / max(time.time() - self.start - self.paused, 1e-9)
+      return 0.0, 0.0
+    seconds = max(time.time() - self.start - self.paused, 1e-9)
+    return self.tokens / seconds, self.steps / seconds

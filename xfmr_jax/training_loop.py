@@ -196,9 +196,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   with sharding.use(mesh, rules):
     final = _final_eval(config, model, state, tokenizer, eval_fn, writer, step,
                         mesh)
+  tokens_per_sec, steps_per_sec = speed.overall_rate()
   final.update(step=step, wall_seconds=time.time() - wall_start,
-               train_tokens_per_sec=speed.overall_rate(),
-               parameters=int(n_params))
+               train_tokens_per_sec=tokens_per_sec,
+               train_steps_per_sec=steps_per_sec, parameters=int(n_params))
   writer.close()
   if is_main:
     with open(os.path.join(workdir, run_dir.FINAL_METRICS_FILE), 'w') as f:
