@@ -17,6 +17,8 @@ import time
 from absl import app, flags
 import numpy as np
 
+from experiments import entry
+
 log = logging.getLogger('xfmr_jax')
 
 
@@ -93,6 +95,11 @@ def main(argv):
   log.addHandler(logging.StreamHandler())
   log.propagate = False
   f = flags.FLAGS
+  if f.steps < 1:
+    entry.fail(f'--steps must be at least 1, got {f.steps}')
+  from xfmr_jax.config import POSITIONALS
+  if f.positional not in POSITIONALS:
+    entry.fail(f'--positional={f.positional!r} is not one of {POSITIONALS}')
   r = train_tagger(dataset=f.dataset, data_dir=f.data_dir or None,
                    steps=f.steps, positional=f.positional)
   print(f"tagging accuracy {r['accuracy']:.4f} on {r['tokens']} validation "
@@ -103,4 +110,4 @@ def main(argv):
 
 if __name__ == '__main__':
   _define_flags()
-  app.run(main)
+  entry.run(main)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
+
+from experiments import entry
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), 'configs', 'toy.py')
 _CONFIG = config_flags.DEFINE_config_file(
@@ -35,14 +36,14 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   # Library chatter (orbax, TFDS) only from warnings up; our own progress at
   # INFO. --verbosity=0 (or -v 0) brings the libraries back.
-  if not any(a.startswith(('-v', '--v')) for a in sys.argv[1:]):
+  if not entry.verbose():
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger().setLevel(logging.WARNING)
   logging.getLogger('xfmr_jax').setLevel(logging.INFO)
   logging.getLogger('xfmr_jax').addHandler(logging.StreamHandler())
   logging.getLogger('xfmr_jax').propagate = False
   # after flag parsing: fast --help
-  from xfmr_jax import run_config, sharding, training_loop
+  from xfmr_jax import sharding, training_loop
   config = _CONFIG.value
   # Before anything touches a device: one process per host joins the others.
   sharding.initialize_distributed(config.coordinator_address,
@@ -51,14 +52,12 @@ def main(argv):
   config_path = flags.FLAGS['config'].config_filename
   name = os.path.splitext(os.path.basename(config_path))[0]
   workdir = _WORKDIR.value or os.path.join('workdir', name)
-  try:
-    metrics = training_loop.train_and_evaluate(config, workdir)
-  except (run_config.ConfigError, training_loop.NonFiniteError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    entry.fail(f'--workdir {workdir!r} is a file, not a directory')
+  metrics = training_loop.train_and_evaluate(config, workdir)
   if 'stopped_by' not in metrics:
     print(f"final metrics written to {os.path.join(workdir, 'final_metrics.json')}")
 
 
 if __name__ == '__main__':
-  app.run(main)
+  entry.run(main)

@@ -10,10 +10,13 @@ rejects them instead).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
-from absl import app, flags
+from absl import flags
 from absl import logging as absl_logging
+
+from experiments import entry
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir to load.',
                                required=True)
@@ -41,25 +44,38 @@ def read_lines(stream) -> list[str]:
   return [line.rstrip('\r') for line in lines]
 
 
+def check_flags() -> None:
+  """Every decoding flag in its range, before anything is loaded."""
+  for name, value, low in (('beam_size', _BEAM.value, 1),
+                           ('batch_size', _BATCH.value, 1),
+                           ('max_decode_extra', _EXTRA.value, 0),
+                           ('top_k', _TOP_K.value, 0)):
+    if value < low:
+      entry.fail(f'--{name} must be at least {low}, got {value}')
+  if _ALPHA.value < 0 or _TEMPERATURE.value < 0:
+    entry.fail('--alpha and --temperature must be >= 0')
+  if not 0 < _TOP_P.value <= 1:
+    entry.fail(f'--top_p must be in (0, 1], got {_TOP_P.value}')
+  if not os.path.isdir(_WORKDIR.value):
+    entry.fail(f'--workdir {_WORKDIR.value!r} is not a directory')
+
+
 def main(argv):
-  del argv
-  if not any(a.startswith(('-v', '--v')) for a in sys.argv[1:]):
+  if len(argv) > 1:
+    entry.fail(f'unexpected arguments: {argv[1:]}')
+  check_flags()
+  if not entry.verbose():
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger().setLevel(logging.WARNING)
-  from xfmr_jax import checkpoint
   from xfmr_jax.translate import Translator
-  try:
-    translator = Translator.from_workdir(
-        _WORKDIR.value, _STEP.value, beam_size=_BEAM.value, alpha=_ALPHA.value,
-        max_decode_extra=_EXTRA.value, batch_size=_BATCH.value,
-        too_long=_TOO_LONG.value, temperature=_TEMPERATURE.value,
-        top_k=_TOP_K.value, top_p=_TOP_P.value, seed=_SEED.value)
-    outputs = translator(read_lines(sys.stdin.buffer))
-  except (checkpoint.CheckpointError, ValueError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+  translator = Translator.from_workdir(
+      _WORKDIR.value, _STEP.value, beam_size=_BEAM.value, alpha=_ALPHA.value,
+      max_decode_extra=_EXTRA.value, batch_size=_BATCH.value,
+      too_long=_TOO_LONG.value, temperature=_TEMPERATURE.value,
+      top_k=_TOP_K.value, top_p=_TOP_P.value, seed=_SEED.value)
+  outputs = translator(read_lines(sys.stdin.buffer))
   sys.stdout.write(''.join(line + '\n' for line in outputs))
 
 
 if __name__ == '__main__':
-  app.run(main)
+  entry.run(main)

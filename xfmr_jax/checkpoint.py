@@ -5,14 +5,21 @@ Checkpoints live in ``<workdir>/checkpoints/<step>/``; each holds ``state``
 and :func:`xfmr_jax.sharding.abstract_state` restores them onto any mesh),
 ``data`` (the input iterator's state, JSON; with several processes one state
 per process, see :func:`gather_data_state`) and ``config`` (JSON). The last ``keep`` are kept, plus the best by
-validation BLEU. Saving is asynchronous. Restoring walks from the newest step to
-older ones and skips a damaged or incomplete checkpoint with a warning.
+validation BLEU, whose score is stored with it (orbax's ``metrics`` item) so
+that a restarted run still knows it. Saving is asynchronous; a step that is
+already saved is not saved again (a run is deterministic: the same step holds
+the same state). Restoring walks from the newest step to older ones; a damaged
+or incomplete step is moved aside to ``<step>.damaged-<time>`` (never deleted)
+with a warning, so it blocks no later save. Half-written temporary folders of
+an interrupted save are removed when the checkpointer opens.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import jax
@@ -23,6 +30,21 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 class CheckpointError(RuntimeError):
   """No checkpoint in a directory could be restored."""
+
+
+@contextlib.contextmanager
+def _quiet_libraries():
+  """Hold back orbax's and asyncio's own error logs (tracebacks, TensorStore
+  specs) while a restore is tried: its outcome is reported in one line."""
+  loggers = [logging.getLogger(n) for n in ('absl', 'asyncio')]
+  levels = [lg.level for lg in loggers]
+  for lg in loggers:
+    lg.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    for lg, level in zip(loggers, levels):
+      lg.setLevel(level)
 
 
 def _bleu(metrics):
@@ -38,17 +60,23 @@ class Checkpointer:
         policies.LatestN(n=keep),
         policies.BestN(get_metric_fn=_bleu, reverse=False, n=1,
                        keep_checkpoints_without_metrics=False)])
+    # best_fn makes orbax write each step's metrics beside it (the policy
+    # above, not best_fn, decides what is kept).
     options = ocp.CheckpointManagerOptions(
-        preservation_policy=preserve, enable_async_checkpointing=async_save,
-        create=True)
+        preservation_policy=preserve, best_fn=_bleu, best_mode='max',
+        enable_async_checkpointing=async_save, create=True,
+        cleanup_tmp_directories=True)
     self.manager = ocp.CheckpointManager(
         self.directory, item_names=('state', 'data', 'config'),
         options=options)
 
   def save(self, step: int, state, data_state: dict, config: dict,
-           metrics: dict | None = None) -> None:
-    """Start saving ``step`` (returns before the write finishes)."""
-    self.manager.save(step, args=ocp.args.Composite(
+           metrics: dict | None = None) -> bool:
+    """Start saving ``step`` (returns before the write finishes); False if
+    ``step`` is saved already."""
+    if step in self.manager.all_steps():
+      return False
+    return self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave(data_state),
         config=ocp.args.JsonSave(config)), metrics=metrics, force=True)
@@ -70,22 +98,43 @@ class Checkpointer:
     candidates = [step] if step is not None else self.steps()[::-1]
     for s in candidates:
       try:
-        out = self.manager.restore(s, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
-            data=ocp.args.JsonRestore(), config=ocp.args.JsonRestore()))
+        with _quiet_libraries():
+          out = self.manager.restore(s, args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(abstract_state),
+              data=ocp.args.JsonRestore(), config=ocp.args.JsonRestore()))
         return s, out['state'], out['data'], out['config']
       except Exception as e:  # a damaged checkpoint fails in many ways
         if step is not None:
           raise CheckpointError(
               f'checkpoint {s} in {self.directory} cannot be restored: '
               f'{type(e).__name__}: {e}') from e
-        logging.warning('checkpoint %d in %s is damaged or incomplete (%s: '
-                        '%s); trying the previous one', s, self.directory,
-                        type(e).__name__, str(e).splitlines()[0][:200])
+        first_line = (str(e).splitlines() or [''])[0][:200]
+        reason = f'{type(e).__name__}: {first_line}'
+        aside = self._move_aside(s)
+        logging.warning('checkpoint %d in %s is damaged or incomplete (%s); '
+                        'moved to %s, trying the previous one', s,
+                        self.directory, reason, aside)
     if candidates:
       raise CheckpointError(f'no checkpoint in {self.directory} could be '
                             f'restored (tried steps {candidates})')
     return None
+
+  def _move_aside(self, step: int) -> str:
+    """Rename the folder of ``step`` to ``<step>.damaged-<time>``; return it."""
+    src = os.path.join(self.directory, str(step))
+    dst = f'{src}.damaged-{time.strftime("%Y%m%d-%H%M%S")}'
+    if jax.process_index() == 0 and os.path.isdir(src):
+      os.replace(src, dst)
+    self.manager.reload()
+    return dst
+
+  def best_step(self) -> int | None:
+    """The kept step with the highest validation BLEU (None if none has one)."""
+    return self.manager.best_step()
+
+  def metrics(self, step: int) -> dict | None:
+    """The metrics saved with ``step`` (None if it was saved without)."""
+    return self.manager.metrics(step)
 
   def close(self) -> None:
     self.manager.wait_until_finished()

@@ -18,6 +18,10 @@ from xfmr_jax.data import pipeline
 from xfmr_jax.translate import Translator
 
 
+class Stopped(Exception):
+  """Evaluation was asked to stop (``should_stop`` returned True)."""
+
+
 def translator(config, model, params, tokenizer) -> Translator:
   """The :class:`Translator` a training config evaluates with (its beam size,
   length penalty, decode length and batch size)."""
@@ -27,7 +31,13 @@ def translator(config, model, params, tokenizer) -> Translator:
                     batch_size=config.eval_batch_size)
 
 
-def evaluate_loss(eval_fn, params, batches, mesh=None) -> dict:
+def _check(should_stop):
+  if should_stop is not None and should_stop():
+    raise Stopped
+
+
+def evaluate_loss(eval_fn, params, batches, mesh=None,
+                  should_stop=None) -> dict:
   """Per-token smoothed loss, NLL, perplexity and accuracy over ``batches``.
 
   With ``mesh``, each (whole, same on every process) batch is split over the
@@ -35,6 +45,7 @@ def evaluate_loss(eval_fn, params, batches, mesh=None) -> dict:
   """
   totals = None
   for batch in batches:
+    _check(should_stop)
     arrays = train_steps.model_inputs(batch)
     if mesh is not None:
       arrays = sharding.global_batch(arrays, mesh, replicated_input=True)
@@ -49,11 +60,13 @@ def evaluate_loss(eval_fn, params, batches, mesh=None) -> dict:
 
 
 def evaluate_translation(translate: Translator, source, limit: int, *,
-                         progress: str | None = None) -> dict:
+                         progress: str | None = None,
+                         should_stop=None) -> dict:
   """sacreBLEU and exact match of ``translate`` on the first ``limit`` pairs
   (all if ``limit <= 0``), with the ``samples`` (source, reference, output).
 
-  ``progress`` names a progress bar over the decoder calls (none if None).
+  ``progress`` names a progress bar over the decoder calls (none if None);
+  ``should_stop()`` is asked before each of them (True raises :class:`Stopped`).
   """
   n = len(source) if limit <= 0 else min(limit, len(source))
   pairs = pipeline.read_pairs(source, list(range(n)))
@@ -67,6 +80,7 @@ def evaluate_translation(translate: Translator, source, limit: int, *,
   bar = tqdm.tqdm(starts, desc=progress, leave=False, dynamic_ncols=True,
                   disable=progress is None or jax.process_index() != 0)
   for start in bar:
+    _check(should_stop)
     part = order[start:start + chunk]
     for i, h in zip(part, translate([sources[i] for i in part])):
       hyps[i] = h
@@ -79,13 +93,14 @@ def evaluate_translation(translate: Translator, source, limit: int, *,
 
 
 def evaluate(config, model, params, tokenizer, eval_fn, batches, source,
-             limit: int, mesh=None, progress: str | None = None):
+             limit: int, mesh=None, progress: str | None = None,
+             should_stop=None):
   """``(metrics, samples)``: :func:`evaluate_loss` over ``batches`` and
   :func:`evaluate_translation` of the first ``limit`` pairs of ``source``."""
-  metrics = evaluate_loss(eval_fn, params, batches, mesh)
+  metrics = evaluate_loss(eval_fn, params, batches, mesh, should_stop)
   translation = evaluate_translation(
       translator(config, model, params, tokenizer), source, limit,
-      progress=progress)
+      progress=progress, should_stop=should_stop)
   samples = translation.pop('samples')
   return {**metrics, **translation}, samples
 

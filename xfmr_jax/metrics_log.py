@@ -10,14 +10,22 @@ import numpy as np
 
 
 class MetricsWriter:
-  """JSON lines (``metrics.jsonl``) and TensorBoard events, on process 0 only."""
+  """JSON lines (``metrics.jsonl``) and TensorBoard events, on process 0 only.
 
-  def __init__(self, workdir: str):
+  A run resumed from the checkpoint of ``resume_step`` redoes the steps after
+  it, so the rows written after that step by the interrupted run (and its
+  test rows) are dropped first: each step has one row per split however
+  often the run was resumed.
+  """
+
+  def __init__(self, workdir: str, resume_step: int = 0):
     self.enabled = jax.process_index() == 0
     if self.enabled:
       from tensorboardX import SummaryWriter  # heavy; only where it writes
+      path = os.path.join(workdir, 'metrics.jsonl')
+      _drop_rows_after(path, resume_step)
       self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
-      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+      self._jsonl = open(path, 'a')
 
   def write(self, step: int, prefix: str, metrics: dict) -> None:
     if not self.enabled:
@@ -35,6 +43,26 @@ class MetricsWriter:
     if self.enabled:
       self._tb.close()
       self._jsonl.close()
+
+
+def _drop_rows_after(path: str, step: int) -> None:
+  """Rewrite ``path`` (atomically) without rows after ``step`` or of 'test'."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = f.readlines()
+  keep = []
+  for line in lines:
+    try:
+      row = json.loads(line)
+    except ValueError:  # a line cut short by a kill
+      continue
+    if row.get('step', 0) <= step and row.get('split') != 'test':
+      keep.append(line if line.endswith('\n') else line + '\n')
+  if len(keep) != len(lines):
+    with open(path + '.tmp', 'w') as f:
+      f.writelines(keep)
+    os.replace(path + '.tmp', path)
 
 
 class Throughput:
@@ -75,9 +103,10 @@ class Throughput:
     self._interval_start, self._interval_tokens = now, 0
     return rate
 
-  def overall_rate(self) -> tuple[float, float]:
-    """``(tokens/s, steps/s)`` over the run so far."""
-    if self.start is None:
-      return 0.0, 0.0
+  def overall_rate(self) -> tuple[float | None, float | None]:
+    """``(tokens/s, steps/s)`` over the run so far (None if this process
+    timed no step after its first)."""
+    if not self.steps:
+      return None, None
     seconds = max(time.time() - self.start - self.paused, 1e-9)
     return self.tokens / seconds, self.steps / seconds

@@ -20,7 +20,21 @@ class ConfigError(ValueError):
 _POSITIVE = ('vocab_size', 'max_length', 'eval_max_length', 'batch_size',
              'num_train_steps', 'warmup_steps', 'log_every', 'eval_every',
              'checkpoint_every', 'keep_checkpoints', 'eval_batch_size',
-             'grad_accum_steps', 'beam_size', 'tokenizer_max_sentences')
+             'eval_batches', 'grad_accum_steps', 'beam_size',
+             'tokenizer_max_sentences')
+_NON_NEGATIVE = ('max_decode_extra', 'bleu_samples', 'test_samples',
+                 'num_print_samples')
+# float field -> (lowest, highest, whether the lowest is allowed)
+_RANGES = {'lr_scale': (0.0, float('inf'), False),
+           'beam_alpha': (0.0, float('inf'), True),
+           'adam_b1': (0.0, 1.0, True), 'adam_b2': (0.0, 1.0, True),
+           'adam_eps': (0.0, float('inf'), False),
+           'grad_clip_norm': (0.0, float('inf'), True)}
+# Fields that a resumed run must share with the run that wrote the workdir
+# (besides config.model's, of which only these may change).
+_SHAPE_FIELDS = ('vocab_size', 'tokenizer_type', 'tokenizer_path')
+_CHANGEABLE_MODEL_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype',
+                            'remat', 'attention_impl')
 
 
 def model_config(config, vocab_size: int) -> ModelConfig:
@@ -32,9 +46,14 @@ def model_config(config, vocab_size: int) -> ModelConfig:
 
 
 def data_source(config, split: str):
-  """The ``(source, target)`` pairs of ``split`` of ``config.dataset``."""
-  return data.get_source(config.dataset, split, config.data_dir or None,
-                         reverse=config.reverse)
+  """The ``(source, target)`` pairs of ``split`` of ``config.dataset``; a
+  DataError if the split is missing or holds no pair."""
+  source = data.get_source(config.dataset, split, config.data_dir or None,
+                           reverse=config.reverse)
+  if len(source) == 0:
+    raise data.DataError(f'the {split!r} split of {config.dataset} has no '
+                         'sentence pairs')
+  return source
 
 
 def validate_config(config) -> None:
@@ -44,6 +63,20 @@ def validate_config(config) -> None:
     if not isinstance(value, int) or value <= 0:
       raise ConfigError(f'config.{name} must be a positive integer, got '
                         f'{value!r}')
+  for name in _NON_NEGATIVE:
+    value = config[name]
+    if not isinstance(value, int) or value < 0:
+      raise ConfigError(f'config.{name} must be a non-negative integer, got '
+                        f'{value!r}')
+  for name, (low, high, closed) in _RANGES.items():
+    value = config[name]
+    ok = isinstance(value, (int, float)) and (
+        (low <= value if closed else low < value) and value < high)
+    if not ok:
+      bound = '>=' if closed else '>'
+      raise ConfigError(f'config.{name} must be {bound} {low}'
+                        + (f' and < {high}' if high != float('inf') else '')
+                        + f', got {value!r}')
   if config.max_length > config.model.max_len:
     raise ConfigError(f'config.max_length={config.max_length} exceeds '
                       f'config.model.max_len={config.model.max_len}')
@@ -70,11 +103,34 @@ def validate_config(config) -> None:
       path = path.replace('{split}', config.train_split)
       if not os.path.exists(path):
         raise ConfigError(f'config.dataset: data file {path!r} does not exist')
-  elif not (config.dataset.startswith('toy_translate') or
-            config.dataset.startswith(('wmt14_translate/', 'wmt17_translate/'))):
+  elif not (config.dataset.split('/')[0] in ('toy_translate', 'wmt14_translate',
+                                             'wmt17_translate')):
     raise ConfigError(f'config.dataset={config.dataset!r} is unknown; use '
                       "'toy_translate', 'wmt14_translate/de-en', "
                       "'wmt17_translate/de-en', 'tsv:PATH' or 'files:SRC,TGT'")
+
+
+def check_resumable(saved: dict, config_json: dict, workdir: str) -> None:
+  """Refuse to resume a workdir whose model (or vocabulary) differs from
+  ``config``: its checkpoints and tokenizer belong to the saved config."""
+  model = saved.get('model', {})
+  differ = [f'model.{k}' for k in sorted(set(model) | set(config_json['model']))
+            if k not in _CHANGEABLE_MODEL_FIELDS
+            and model.get(k) != config_json['model'].get(k)]
+  differ += [k for k in _SHAPE_FIELDS
+             if k in saved and saved[k] != config_json.get(k)]
+  if differ:
+    shown = ', '.join(f"{k} ({_get(saved, k)!r} there, {_get(config_json, k)!r}"
+                      ' here)' for k in differ)
+    raise ConfigError(f'{workdir} holds a run of another model: {shown}. '
+                      'Use another --workdir to start fresh, or the same '
+                      'values to resume it.')
+
+
+def _get(tree: dict, dotted: str):
+  for part in dotted.split('.'):
+    tree = tree.get(part) if isinstance(tree, dict) else None
+  return tree
 
 
 def validate_sharding(config) -> tuple:

@@ -54,6 +54,17 @@ def build_model_and_optimizer(config, vocab_size: int):
   return model, tx
 
 
+def read_config(workdir: str) -> dict:
+  """The ``config.json`` of a workdir (a CheckpointError if unreadable)."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise checkpoint.CheckpointError(f'{path} cannot be read as JSON: '
+                                     f'{e}') from None
+
+
 def write_config(workdir: str, config_json: dict) -> None:
   """``config.json``: readable by tools that load the model without a
   checkpoint (process 0 writes it)."""
@@ -107,8 +118,7 @@ def load_for_inference(workdir: str, step: int | None = None):
       raise checkpoint.CheckpointError(
           f'{workdir} is not a training workdir: {path} is missing')
   tokenizer = Tokenizer.load(tok_path)
-  with open(os.path.join(workdir, CONFIG_FILE)) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+  config = ml_collections.ConfigDict(read_config(workdir))
   model, tx = build_model_and_optimizer(config, tokenizer.vocab_size)
   abstract = jax.eval_shape(
       lambda: train_state.init_state(model, tx, config.seed))

@@ -28,16 +28,23 @@ log = logging.getLogger(__name__)
 MODEL_FILENAME = 'tokenizer.model'
 
 
+class TokenizerError(ValueError):
+  """A file that is not a tokenizer model this library can use."""
+
+
 class Tokenizer:
   """Wraps a `SentencePieceProcessor` with the project's reserved ids."""
 
   def __init__(self, model_proto: bytes):
     self.model_proto = model_proto
-    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    try:
+      self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    except RuntimeError as e:
+      raise TokenizerError(f'not a SentencePiece model ({e})') from None
     if (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(),
         self._sp.bos_id()) != (PAD, EOS, UNK, -1):
-      raise ValueError('tokenizer model must have pad=0, eos=1, unk=2 and no '
-                       'bos; train it with Tokenizer.train')
+      raise TokenizerError('tokenizer model must have pad=0, eos=1, unk=2 '
+                           'and no bos; train it with Tokenizer.train')
 
   @classmethod
   def train(cls, texts: Iterable[str], workdir: str | None = None, *,
@@ -89,7 +96,11 @@ class Tokenizer:
     if not os.path.exists(path):
       raise FileNotFoundError(f'no tokenizer model at {path}')
     with open(path, 'rb') as f:
-      return cls(f.read())
+      proto = f.read()
+    try:
+      return cls(proto)
+    except TokenizerError as e:
+      raise TokenizerError(f'{path}: {e}') from None
 
   def save(self, workdir: str) -> str:
     """Writes ``workdir/tokenizer.model`` atomically; returns its path."""

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import time
 
 import jax
@@ -22,7 +23,7 @@ from xfmr_jax import checkpoint, data, evaluation, optim, run_dir, sharding
 from xfmr_jax import model as model_lib
 from xfmr_jax import train_state, train_steps
 from xfmr_jax.metrics_log import MetricsWriter, Throughput
-from xfmr_jax.run_config import data_source, validate_config
+from xfmr_jax.run_config import check_resumable, data_source, validate_config
 
 log = logging.getLogger('xfmr_jax')
 
@@ -33,9 +34,20 @@ class NonFiniteError(RuntimeError):
 
 @contextlib.contextmanager
 def _stop_requests():
-  """Turn SIGTERM/SIGINT into a flag the loop checks after each step."""
+  """Turn the first SIGTERM/SIGINT into a flag that the run checks after each
+  step and between the final evaluation's batches; a second one aborts at
+  once."""
   stop = {'signal': None}
-  handler = lambda signum, frame: stop.update(signal=signum)
+
+  def handler(signum, frame):
+    del frame
+    if stop['signal'] is not None:
+      raise KeyboardInterrupt(f'second {signal.Signals(signum).name}: '
+                              'aborting without a checkpoint')
+    stop['signal'] = signum
+    print(f'{signal.Signals(signum).name} received: stopping at the next '
+          'step or evaluation batch with a checkpoint (again to abort now)',
+          file=sys.stderr, flush=True)
   previous = {s: signal.signal(s, handler)
               for s in (signal.SIGTERM, signal.SIGINT)}
   try:
@@ -56,15 +68,31 @@ def _train_row(sums: list, learning_rate: float, tokens_per_sec: float) -> dict:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Train (or resume) in ``workdir`` and return the final metrics."""
+  """Train (or resume) in ``workdir`` and return the final metrics.
+
+  SIGTERM or SIGINT at any moment ends the run with one consistent
+  checkpoint and returns ``{'step', 'stopped_by'}``; calling again resumes
+  it, and the resumed run ends as an uninterrupted one would.
+  """
+  with _stop_requests() as stop:
+    return _train_and_evaluate(config, workdir, stop)
+
+
+def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
   wall_start = time.time()
   validate_config(config)
   workdir = os.path.abspath(workdir)
+  config_json = json.loads(config.to_json_best_effort())
+  if os.path.exists(os.path.join(workdir, run_dir.CONFIG_FILE)):
+    check_resumable(run_dir.read_config(workdir), config_json, workdir)
   os.makedirs(workdir, exist_ok=True)
   is_main = jax.process_index() == 0
 
+  # Every split is opened before the first step, so a missing one is an
+  # error now rather than after training.
   train_source = data_source(config, config.train_split)
   eval_source = data_source(config, config.eval_split)
+  test_source = data_source(config, config.test_split)
   tokenizer = run_dir.get_tokenizer(config, workdir, train_source)
   model, tx = run_dir.build_model_and_optimizer(config, tokenizer.vocab_size)
   schedule = run_dir.schedule(config)
@@ -95,15 +123,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                  keep=config.keep_checkpoints,
                                  async_save=config.async_checkpoints)
   restored = ckpt.restore(checkpoint.abstract_like(state))
+  step0 = 0
   if restored is not None:
     step0, state, data_state, _ = restored
     data_state = checkpoint.process_data_state(data_state)
     if data_state is not None:
       train_iter.set_state(data_state)
     log.info('resumed from checkpoint %d in %s', step0, ckpt.directory)
-  config_json = json.loads(config.to_json_best_effort())
   run_dir.write_config(workdir, config_json)
-  writer = MetricsWriter(workdir)
+  writer = MetricsWriter(workdir, resume_step=step0)
+  stopping = lambda: stop['signal'] is not None
+
+  def stop_point(name):
+    """Fault injection for tests: SIGTERM to this process at ``name``."""
+    if config.get('debug_stop_at') == name:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  def checked(name):
+    return lambda: (stop_point(name), stopping())[1]
 
   def save(step, metrics=None):
     bad = int(jax.device_get(state.bad_step))
@@ -115,6 +152,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
               config_json, metrics)
 
   def periodic_eval(step):
+    # A stop request waits for this (short) evaluation, so that the step's
+    # checkpoint carries its score as in an uninterrupted run.
+    stop_point('eval')
     with sharding.use(mesh, rules):
       metrics, samples = evaluation.evaluate(
           config, model, state.params, tokenizer, eval_fn, eval_batches,
@@ -133,69 +173,73 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   in_flight = None  # (metrics, tokens) of the step dispatched last
   bar = tqdm.tqdm(total=config.num_train_steps, initial=step,
                   disable=not is_main, dynamic_ncols=True, desc='train')
-  stopped_by = None
   try:
-    with _stop_requests() as stop:
-      while step < config.num_train_steps:
-        batch = next(train_iter)
-        state, metrics = train_fn(state, sharding.global_batch(batch, mesh))
-        step += 1
-        n_tokens = int((batch['inputs'] > 0).sum() +
-                       (batch['targets'] > 0).sum())
-        # The bar and the throughput count completed steps: wait for the
-        # previous step while this one runs, so one step stays queued.
-        if in_flight is not None:
-          jax.block_until_ready(in_flight[0])
-          speed.step(in_flight[1])
-          bar.update(1)
-        in_flight = (metrics, n_tokens)
-        pending.append(metrics)
-        at_end = step == config.num_train_steps
-        eval_now = step % config.eval_every == 0 and not at_end
-        if step % config.log_every == 0 or at_end or eval_now:
-          jax.block_until_ready(metrics)
-          speed.step(n_tokens)
-          bar.update(1)
-          in_flight = None
-        if step % config.log_every == 0 or at_end:
-          lr = float(optim.last_learning_rate(state.opt_state, schedule))
-          row = _train_row(jax.device_get(pending), lr, speed.interval_rate())
-          pending = []
-          if not math.isfinite(row['loss']):
-            bad = int(jax.device_get(state.bad_step))
-            raise NonFiniteError(
-                f'non-finite loss or gradients at step {bad}; stopping. The '
-                f'last good checkpoint stays in {ckpt.directory}')
-          writer.write(step, 'train', row)
-          bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f'{lr:.2e}',
-                          tok_s=f"{row['tokens_per_sec']:.0f}")
-        eval_metrics = None
-        if eval_now:
-          t0 = time.time()
-          eval_metrics = periodic_eval(step)
-          speed.pause(time.time() - t0)
-        if step % config.checkpoint_every == 0 or eval_metrics is not None \
-            or at_end:
-          save(step, eval_metrics)
-        if stop['signal'] is not None:
-          stopped_by = signal.Signals(stop['signal']).name
-          save(step)
-          break
+    while step < config.num_train_steps and not stopping():
+      batch = next(train_iter)
+      state, metrics = train_fn(state, sharding.global_batch(batch, mesh))
+      step += 1
+      n_tokens = int((batch['inputs'] > 0).sum() +
+                     (batch['targets'] > 0).sum())
+      # The bar and the throughput count completed steps: wait for the
+      # previous step while this one runs, so one step stays queued.
+      if in_flight is not None:
+        jax.block_until_ready(in_flight[0])
+        speed.step(in_flight[1])
+        bar.update(1)
+      in_flight = (metrics, n_tokens)
+      pending.append(metrics)
+      at_end = step == config.num_train_steps
+      eval_now = step % config.eval_every == 0 and not at_end
+      if step % config.log_every == 0 or at_end or eval_now:
+        jax.block_until_ready(metrics)
+        speed.step(n_tokens)
+        bar.update(1)
+        in_flight = None
+      if step % config.log_every == 0 or at_end:
+        lr = float(optim.last_learning_rate(state.opt_state, schedule))
+        row = _train_row(jax.device_get(pending), lr, speed.interval_rate())
+        pending = []
+        if not math.isfinite(row['loss']):
+          bad = int(jax.device_get(state.bad_step))
+          raise NonFiniteError(
+              f'non-finite loss or gradients at step {bad}; stopping. The '
+              f'last good checkpoint stays in {ckpt.directory}')
+        writer.write(step, 'train', row)
+        bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f'{lr:.2e}',
+                        tok_s=f"{row['tokens_per_sec']:.0f}")
+      eval_metrics = None
+      if eval_now:
+        t0 = time.time()
+        eval_metrics = periodic_eval(step)
+        speed.pause(time.time() - t0)
+      stop_point(f'step:{step}')
+      if step % config.checkpoint_every == 0 or eval_metrics is not None \
+          or at_end or stopping():
+        save(step, eval_metrics)
+    stop_point('final_save')
     if in_flight is not None:
       jax.block_until_ready(in_flight[0])
       speed.step(in_flight[1])
       bar.update(1)
   finally:
     bar.close()
-    ckpt.close()
-  if stopped_by:
-    log.info('%s received: saved checkpoint %d and stopped', stopped_by, step)
-    writer.close()
-    return {'step': step, 'stopped_by': stopped_by}
+    ckpt.close()  # waits for the last save
 
-  with sharding.use(mesh, rules):
-    final = _final_eval(config, model, state, tokenizer, eval_fn, writer, step,
-                        mesh)
+  def stopped():
+    name = signal.Signals(stop['signal']).name
+    log.info('%s received: checkpoint %d is saved; run again to resume',
+             name, step)
+    writer.close()
+    return {'step': step, 'stopped_by': name}
+
+  if stopping():
+    return stopped()
+  try:
+    with sharding.use(mesh, rules):
+      final = _final_eval(config, model, state, tokenizer, eval_fn, writer,
+                          step, test_source, mesh, checked('final_eval'))
+  except evaluation.Stopped:
+    return stopped()
   tokens_per_sec, steps_per_sec = speed.overall_rate()
   final.update(step=step, wall_seconds=time.time() - wall_start,
                train_tokens_per_sec=tokens_per_sec,
@@ -208,14 +252,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 def _final_eval(config, model, state, tokenizer, eval_fn, writer, step,
-                mesh=None) -> dict:
-  test_source = data_source(config, config.test_split)
+                test_source, mesh=None, should_stop=None) -> dict:
   batches = data.make_eval_batches(
       test_source, tokenizer, batch_size=config.eval_batch_size,
       max_length=config.eval_max_length, limit=config.test_samples or None)
   metrics, samples = evaluation.evaluate(
       config, model, state.params, tokenizer, eval_fn, batches, test_source,
-      config.test_samples, mesh, progress='test')
+      config.test_samples, mesh, progress='test', should_stop=should_stop)
   writer.write(step, 'test', metrics)
   if jax.process_index() == 0:
     print(f"test ({config.test_split}, {len(samples)} sentences): BLEU "

@@ -22,6 +22,10 @@ from xfmr_jax.tokenizer import Tokenizer
 BUCKETS = (16, 32, 64, 128, 256, 512)
 
 
+class InputTooLong(ValueError):
+  """An input longer than the model's maximum, with ``too_long='error'``."""
+
+
 class Translator:
   """A callable ``list[str] -> list[str]`` around a model and its tokenizer.
 
@@ -64,8 +68,8 @@ class Translator:
     ids = self.tokenizer.encode(text) + [EOS]
     if len(ids) > self.max_input:
       if self.too_long == 'error':
-        raise ValueError(f'input {index} has {len(ids)} tokens, more than the '
-                         f'model maximum {self.max_input}')
+        raise InputTooLong(f'input {index} has {len(ids)} tokens, more than '
+                           f'the model maximum {self.max_input}')
       print(f'warning: input {index} has {len(ids)} tokens; truncated to '
             f'{self.max_input}', file=sys.stderr)
       ids = ids[:self.max_input - 1] + [EOS]

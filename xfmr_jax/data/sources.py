@@ -152,4 +152,4 @@ def get_source(dataset: str, split: str, data_dir: str | None = None,
     return _toy(dataset, split, data_dir, reverse)
   if dataset in WMT or dataset.replace('/en-de', '/de-en') in WMT:
     return _wmt(dataset, split, data_dir, reverse)
-  raise ValueError(f'unknown dataset {dataset!r}; valid: {VALID}')
+  raise DataError(f'unknown dataset {dataset!r}; valid: {VALID}')

@@ -1,0 +1,88 @@
+"""How every entry point (``train_wmt``, ``translate``, ``train_tagger``) ends
+on an expected failure: one line on stderr that names the field, file, line or
+path, and exit code 2 for bad input (1 for a run that failed), with the
+traceback only under ``-v`` / ``--verbosity``. Anything else is a bug and keeps
+its traceback.
+
+    if __name__ == '__main__':
+      entry.run(main)
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+
+BAD_INPUT, FAILED = 2, 1
+
+
+def verbose() -> bool:
+  """Whether the user asked for ``-v`` / ``--verbosity`` on the command line."""
+  return any(a.startswith(('-v', '--v')) for a in sys.argv[1:])
+
+
+def fail(message: str, code: int = BAD_INPUT):
+  print(f'error: {message}', file=sys.stderr, flush=True)
+  sys.exit(code)
+
+
+def _config_path(argv) -> str | None:
+  for i, a in enumerate(argv):
+    if a.startswith('--config='):
+      return a.split('=', 1)[1]
+    if a == '--config' and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def parse_flags(argv):
+  """absl's flag parsing, with config-file and config-field errors (which
+  ml_collections raises as exceptions of its own) as one line each."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(str(e))
+  except OSError as e:
+    path = _config_path(argv)
+    if path and not os.path.isfile(path):
+      fail(f'config file {path!r} does not exist')
+    fail(f'cannot load the config file {path!r}: {e.__cause__ or e}')
+  except (AttributeError, KeyError) as e:
+    name = str(e).strip('"\'')
+    fail(f'unknown config field {name!r} (every field is listed in '
+         'experiments/configs/default.py)')
+  except (TypeError, ValueError) as e:
+    fail(f'bad flag value: {e}')
+
+
+def _classify(e: BaseException) -> int | None:
+  """The exit code of an expected failure, None for a bug."""
+  from xfmr_jax import checkpoint, run_config, training_loop
+  from xfmr_jax.data import DataError
+  from xfmr_jax.tokenizer import TokenizerError
+  from xfmr_jax.translate import InputTooLong
+  if isinstance(e, (run_config.ConfigError, DataError, TokenizerError,
+                    InputTooLong,
+                    checkpoint.CheckpointError, FileNotFoundError,
+                    NotADirectoryError, IsADirectoryError,
+                    PermissionError)):
+    return BAD_INPUT
+  if isinstance(e, (training_loop.NonFiniteError, OSError)):
+    return FAILED  # e.g. the disk filled up: the last good checkpoint stays
+  return None
+
+
+def run(main) -> None:
+  """``app.run(main)`` with expected failures reported as one line."""
+  def guarded(argv):
+    try:
+      return main(argv)
+    except (SystemExit, KeyboardInterrupt):
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      code = _classify(e)
+      if code is None or verbose():
+        raise
+      fail(' '.join(str(e).split()) or type(e).__name__, code)
+  app.run(guarded, flags_parser=parse_flags)

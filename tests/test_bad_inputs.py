@@ -1,0 +1,134 @@
+"""Bad input to the entry points: one line on stderr that names the problem,
+exit code 2, no traceback, and the workdir left as it was.
+
+Each case runs the real command line in a subprocess (a few seconds each).
+"""
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_train import tiny_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def train_command(data_dir, workdir, *extra, **changes):
+  cfg = tiny_config(data_dir, **changes)
+  flags = [f'--config.{k}={v}' for k, v in cfg.items() if k != 'model']
+  flags += [f'--config.model.{k}={v}' for k, v in cfg.model.items()]
+  return [sys.executable, '-m', 'experiments.train_wmt',
+          f'--workdir={workdir}', *flags, *extra]
+
+
+def snapshot(path: pathlib.Path) -> dict:
+  if not path.exists():
+    return {}
+  if path.is_file():
+    return {path: path.read_bytes()}
+  return {p: p.read_bytes() for p in sorted(path.rglob('*')) if p.is_file()}
+
+
+def assert_rejected(cmd, workdir, expected, stdin=b''):
+  before = snapshot(workdir)
+  result = subprocess.run(cmd, cwd=ROOT, input=stdin, capture_output=True,
+                          timeout=300)
+  err = result.stderr.decode()
+  lines = [l for l in err.splitlines() if l.strip()]
+  assert result.returncode == 2, err
+  assert 'Traceback' not in err, err
+  assert len(lines) == 1 and lines[0].startswith('error: '), err
+  assert expected in lines[0], err
+  assert snapshot(workdir) == before  # nothing written, nothing lost
+  assert result.stdout == b''
+
+
+def _tsv(tmp_path, name, text):
+  (tmp_path / name).write_bytes(text)
+  return f'tsv:{tmp_path}/{{split}}.tsv'
+
+
+GOOD = b'hallo welt\thello world\neins\tone\n' * 20
+
+
+@pytest.mark.parametrize('case, expected', [
+    (dict(extra=['--config.no_such_field=3']), "unknown config field 'no_such_field'"),
+    (dict(extra=['--config=/nonexistent/toy.py']), "'/nonexistent/toy.py' does not exist"),
+    (dict(dataset='toy_translatex'), "config.dataset='toy_translatex' is unknown"),
+    (dict(dataset='toy_translate/huge'), 'huge'),
+    (dict(tsv={'train': b'no tab here\n'}), 'expected source<TAB>target'),
+    (dict(tsv={'train': b'a\tb\tc\n'}), 'expected source<TAB>target'),
+    (dict(tsv={'train': b'\xff\xfe\tx\n'}), 'invalid UTF-8'),
+    (dict(tsv={'train': GOOD, 'validation': GOOD}), 'test.tsv'),
+    (dict(tsv={'train': b'\n\n', 'validation': GOOD, 'test': GOOD}), 'train'),
+    (dict(eval_batches=0), 'config.eval_batches must be a positive integer'),
+    (dict(max_decode_extra=-1), 'config.max_decode_extra'),
+    (dict(lr_scale=-1.0), 'config.lr_scale must be > 0'),
+    (dict(garbage_tokenizer=True), 'not a SentencePiece model'),
+    (dict(workdir_is_file=True), 'is a file, not a directory'),
+])
+def test_train_wmt_rejects_bad_input(data_dir, tmp_path, case, expected):
+  workdir = tmp_path / 'run'
+  changes = {k: v for k, v in case.items()
+             if k not in ('extra', 'tsv', 'garbage_tokenizer',
+                          'workdir_is_file')}
+  if 'tsv' in case:
+    for split, text in case['tsv'].items():
+      changes['dataset'] = _tsv(tmp_path, f'{split}.tsv', text)
+  if case.get('garbage_tokenizer'):
+    (tmp_path / 'bad.model').write_bytes(b'not a model')
+    changes['tokenizer_path'] = str(tmp_path / 'bad.model')
+  if case.get('workdir_is_file'):
+    workdir.write_text('a file')
+  cmd = train_command(data_dir, workdir, *case.get('extra', []), **changes)
+  assert_rejected(cmd, workdir, expected)
+
+
+def test_resuming_with_another_model_names_the_fields(data_dir, tmp_path):
+  workdir = tmp_path / 'run'
+  ok = subprocess.run(train_command(data_dir, workdir, num_train_steps=4,
+                                    checkpoint_every=4, log_every=2),
+                      cwd=ROOT, capture_output=True, timeout=300)
+  assert ok.returncode == 0, ok.stderr.decode()
+  cmd = train_command(data_dir, workdir, '--config.model.d_model=48',
+                      '--config.vocab_size=200', num_train_steps=8)
+  assert_rejected(cmd, workdir, 'model.d_model (32 there, 48 here)')
+  assert_rejected(cmd, workdir, 'vocab_size (300 there, 200 here)')
+
+
+@pytest.fixture(scope='module')
+def trained(data_dir, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('trained')
+  ok = subprocess.run(train_command(data_dir, workdir, num_train_steps=4,
+                                    checkpoint_every=4, log_every=2),
+                      cwd=ROOT, capture_output=True, timeout=300)
+  assert ok.returncode == 0, ok.stderr.decode()
+  return workdir
+
+
+@pytest.mark.parametrize('flags, expected', [
+    (['--batch_size=-3'], '--batch_size must be at least 1, got -3'),
+    (['--batch_size=0'], '--batch_size must be at least 1, got 0'),
+    (['--beam_size=0'], '--beam_size must be at least 1'),
+    (['--max_decode_extra=-100'], '--max_decode_extra must be at least 0'),
+    (['--top_p=0'], '--top_p must be in (0, 1]'),
+    (['--workdir=/nonexistent/run'], 'is not a directory'),
+])
+def test_translate_rejects_bad_flags(trained, flags, expected):
+  cmd = [sys.executable, '-m', 'experiments.translate', f'--workdir={trained}',
+         *flags]
+  assert_rejected(cmd, trained, expected, stdin=b'eins\nzwei\n')
+
+
+def test_translate_names_a_damaged_config_file(trained, tmp_path):
+  broken = tmp_path / 'broken'
+  broken.mkdir()
+  for p in trained.iterdir():
+    if p.is_file():
+      (broken / p.name).write_bytes(p.read_bytes())
+  (broken / 'checkpoints').symlink_to(trained / 'checkpoints')
+  (broken / 'config.json').write_text('{not json')
+  cmd = [sys.executable, '-m', 'experiments.translate', f'--workdir={broken}']
+  assert_rejected(cmd, broken, 'config.json cannot be read as JSON',
+                  stdin=b'eins\n')
