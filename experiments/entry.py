@@ -9,6 +9,7 @@ its traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -36,11 +37,13 @@ def _config_path(argv) -> str | None:
   return None
 
 
-def parse_flags(argv):
-  """absl's flag parsing, with config-file and config-field errors (which
-  ml_collections raises as exceptions of its own) as one line each."""
+@contextlib.contextmanager
+def flag_errors(argv=None):
+  """Config-file and config-field errors, which ml_collections raises as
+  exceptions of its own (some when the flag is defined), as one line each."""
+  argv = sys.argv if argv is None else argv
   try:
-    return flags.FLAGS(argv)
+    yield
   except flags.Error as e:
     fail(str(e))
   except OSError as e:
@@ -54,6 +57,12 @@ def parse_flags(argv):
          'experiments/configs/default.py)')
   except (TypeError, ValueError) as e:
     fail(f'bad flag value: {e}')
+
+
+def parse_flags(argv):
+  """absl's flag parsing, errors as one line (:func:`flag_errors`)."""
+  with flag_errors(argv):
+    return flags.FLAGS(argv)
 
 
 def _classify(e: BaseException) -> int | None:

@@ -23,9 +23,10 @@ from ml_collections import config_flags
 from experiments import entry
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), 'configs', 'toy.py')
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', _DEFAULT_CONFIG, 'Training config file (ml_collections).',
-    lock_config=True)
+with entry.flag_errors():  # overrides in argv are applied here already
+  _CONFIG = config_flags.DEFINE_config_file(
+      'config', _DEFAULT_CONFIG, 'Training config file (ml_collections).',
+      lock_config=True)
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Checkpoints, tokenizer and metrics go here; default '
     './workdir/<config name>.')

@@ -105,8 +105,12 @@ def test_missing_and_misaligned_files(tmp_path):
   s = _write(tmp_path / 'a.src', b'1\n2\n3\n')
   t = _write(tmp_path / 'a.tgt', b'1\n2\n')
   with pytest.raises(DataError, match=r'a\.src has 3 lines but .*a\.tgt has 2'
-                     r'.*first unmatched line: 3'):
+                     r'; line-aligned files need the same number of lines$'):
     get_source(f'files:{s},{t}', 'train', None)
+  (tmp_path / 'train.tsv').mkdir()
+  with pytest.raises(DataError, match=r'train\.tsv: a directory, not a text '
+                     'file'):
+    get_source(f'tsv:{tmp_path}/{{split}}.tsv', 'train', None)
   bad = _write(tmp_path / 'b.tgt', b'1\n\x80\n3\n')
   with pytest.raises(DataError, match=r'b\.tgt:2: invalid UTF-8'):
     get_source(f'files:{s},{bad}', 'train', None)

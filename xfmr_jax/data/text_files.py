@@ -19,6 +19,8 @@ class DataError(ValueError):
 
 def _read_lines(path: str) -> list[str]:
   """Lines of a UTF-8 file without line endings; errors name path and line."""
+  if os.path.isdir(path):
+    raise DataError(f'{path}: a directory, not a text file')
   if not os.path.isfile(path):
     raise DataError(f'{path}: file not found')
   with open(path, 'rb') as f:
@@ -59,10 +61,11 @@ class TextPairSource:
       self.paths = (source_path, target_path)
       src, tgt = _read_lines(source_path), _read_lines(target_path)
       if len(src) != len(tgt):
+        # Which line was added or lost cannot be told from the counts: every
+        # pair after it is shifted, so no line number is given.
         raise DataError(
             f'{source_path} has {len(src)} lines but {target_path} has '
-            f'{len(tgt)}; aligned files need the same number of lines '
-            f'(first unmatched line: {min(len(src), len(tgt)) + 1})')
+            f'{len(tgt)}; line-aligned files need the same number of lines')
       rows = [(source_path, n, s, t)
               for n, (s, t) in enumerate(zip(src, tgt), start=1)]
     self.pairs = []
