@@ -1,4 +1,4 @@
-"""The seed's variants: RoPE, ALiBi, GQA/MQA, SwiGLU, bias-free layers, the
+"""The later variants: RoPE, ALiBi, GQA/MQA, SwiGLU, bias-free layers, the
 decoder-only and encoder-only models, and the attention implementations."""
 import functools
 

@@ -40,7 +40,7 @@ def parse_args(argv):
                  help='sizes that also run the no-dropout/scan/remat variants '
                  '(default: all of --sizes; "none" for none)')
   p.add_argument('--model_variants', default='',
-                 help="sizes that also time the seed's model variants "
+                 help="sizes that also time the model variants "
                  '(' + ', '.join(MODEL_VARIANTS) + ')')
   p.add_argument('--peak_n', type=int, default=2048,
                  help='matrix size of the matmul peak')

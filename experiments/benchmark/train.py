@@ -27,7 +27,7 @@ from xfmr_jax.model import Transformer
 VARIANTS = {'no_dropout': dict(dropout_rate=0.0),
             'scan': dict(scan_layers=True),
             'remat': dict(remat=True)}
-# The seed's model variants (ModelConfig changes, or functions of the config):
+# The model variants (ModelConfig changes, or functions of the config):
 # what each costs per step, beside the paper's model in the same rounds.
 MODEL_VARIANTS = {
     'rope': dict(positional='rope'),
