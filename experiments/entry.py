@@ -25,6 +25,11 @@ def verbose() -> bool:
 
 def fail(message: str, code: int = BAD_INPUT):
   print(f'error: {message}', file=sys.stderr, flush=True)
+  if code == FAILED:
+    # A run that failed part-way (a full disk) leaves writer threads and
+    # coroutines behind, whose teardown would print screens of tracebacks.
+    sys.stdout.flush()
+    os._exit(code)
   sys.exit(code)
 
 
@@ -71,6 +76,8 @@ def _classify(e: BaseException) -> int | None:
   from xfmr_jax.data import DataError
   from xfmr_jax.tokenizer import TokenizerError
   from xfmr_jax.translate import InputTooLong
+  if isinstance(e, checkpoint.CheckpointWriteError):
+    return FAILED
   if isinstance(e, (run_config.ConfigError, DataError, TokenizerError,
                     InputTooLong,
                     checkpoint.CheckpointError, FileNotFoundError,

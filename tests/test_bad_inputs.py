@@ -7,9 +7,11 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from tests.test_train import tiny_config
+from xfmr_jax import checkpoint, run_dir, train_state
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -136,3 +138,41 @@ def test_translate_names_a_damaged_config_file(trained, tmp_path):
   cmd = [sys.executable, '-m', 'experiments.translate', f'--workdir={broken}']
   assert_rejected(cmd, broken, 'config.json cannot be read as JSON',
                   stdin=b'eins\n')
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 1.2 MB tmpfs: room for one tiny checkpoint, not for three."""
+  mount = tmp_path / 'disk'
+  mount.mkdir()
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=1200k', 'tmpfs',
+                     str(mount)], capture_output=True).returncode:
+    pytest.skip('cannot mount a small tmpfs here (needs root)')
+  yield mount
+  subprocess.run(['umount', str(mount)], check=False)
+
+
+def test_full_disk_ends_in_one_line_and_keeps_the_last_checkpoint(
+    data_dir, small_disk):
+  workdir = small_disk / 'run'
+  cmd = train_command(data_dir, workdir, num_train_steps=40,
+                      checkpoint_every=4, log_every=4, keep_checkpoints=100)
+  result = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=300)
+  err = result.stderr.decode()
+  assert result.returncode == 1, err
+  last = err.strip().splitlines()[-1]
+  assert last.startswith('error: cannot write a checkpoint in '), err
+  # The write that fails first is either a plain file or a TensorStore one.
+  assert 'No space left on device' in last or 'RESOURCE_EXHAUSTED' in last, \
+      last
+  # (Orbax's writer threads may log their own tracebacks before this line.)
+  kept = int(last.rsplit('step ', 1)[1].rstrip(')'))
+  cfg = tiny_config(data_dir)
+  model, tx = run_dir.build_model_and_optimizer(cfg, 300)
+  abstract = jax.eval_shape(lambda: train_state.init_state(model, tx, 0))
+  ckpt = checkpoint.Checkpointer(str(workdir / 'checkpoints'),
+                                 async_save=False)
+  try:
+    assert ckpt.restore(abstract)[0] == kept  # the newest complete one
+  finally:
+    ckpt.close()

@@ -114,3 +114,34 @@ def test_bad_value_is_rejected_with_a_clear_message(data_dir, tmp_path):
   assert result.returncode == 2
   assert 'not divisible' in result.stderr
   assert not (tmp_path / 'checkpoints').exists()
+
+
+@pytest.fixture(scope='module')
+def whole_run(data_dir, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('whole')
+  run = subprocess.run(command(data_dir, workdir, **KILL_STEPS), cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+  assert run.returncode == 0, run.stdout + run.stderr
+  return workdir
+
+
+KILL_STEPS = dict(num_train_steps=16, checkpoint_every=4, log_every=4,
+                  eval_every=8)
+
+
+@pytest.mark.parametrize('point', ['save:8', 'eval'])
+def test_sigkill_during_a_save_or_an_evaluation_then_resume(
+    data_dir, tmp_path, whole_run, point):
+  killed = subprocess.run(
+      command(data_dir, tmp_path, debug_stop_at=f'kill:{point}', **KILL_STEPS),
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert killed.returncode == -signal.SIGKILL
+  rerun = subprocess.run(command(data_dir, tmp_path, **KILL_STEPS), cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+  assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+  assert not [p for p in (tmp_path / 'checkpoints').iterdir()
+              if 'tmp' in p.name]  # the half-written save was cleaned up
+  a, b = final_params(data_dir, whole_run, 16), final_params(data_dir,
+                                                             tmp_path, 16)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)  # bitwise

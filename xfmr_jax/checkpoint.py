@@ -32,6 +32,10 @@ class CheckpointError(RuntimeError):
   """No checkpoint in a directory could be restored."""
 
 
+class CheckpointWriteError(OSError):
+  """A checkpoint could not be written (full disk, unwritable folder)."""
+
+
 @contextlib.contextmanager
 def _quiet_libraries():
   """Hold back orbax's and asyncio's own error logs (tracebacks, TensorStore
@@ -45,6 +49,17 @@ def _quiet_libraries():
   finally:
     for lg, level in zip(loggers, levels):
       lg.setLevel(level)
+
+
+class _NoMetricsNotice(logging.Filter):
+  """Drops orbax's notice that a step was saved without metrics: with
+  ``best_fn`` set it comes at every save between evaluations, by design."""
+
+  def filter(self, record):
+    return 'did not provide metrics' not in record.getMessage()
+
+
+logging.getLogger('absl').addFilter(_NoMetricsNotice())
 
 
 def _bleu(metrics):
@@ -76,13 +91,33 @@ class Checkpointer:
     ``step`` is saved already."""
     if step in self.manager.all_steps():
       return False
-    return self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave(data_state),
-        config=ocp.args.JsonSave(config)), metrics=metrics, force=True)
+    with self._write_errors():
+      return self.manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state),
+          data=ocp.args.JsonSave(data_state),
+          config=ocp.args.JsonSave(config)), metrics=metrics, force=True)
+
+  @contextlib.contextmanager
+  def _write_errors(self):
+    """An asynchronous write that failed (full disk, unwritable folder)
+    surfaces at the next save or wait: as a CheckpointWriteError."""
+    try:
+      yield
+    except (OSError, ValueError) as e:
+      if isinstance(e, ValueError) and not any(  # TensorStore's write errors
+          code in str(e) for code in ('RESOURCE_EXHAUSTED', 'PERMISSION_DENIED',
+                                      'Error writing')):
+        raise
+      self.manager.reload()
+      kept = self.steps()
+      raise CheckpointWriteError(
+          f'cannot write a checkpoint in {self.directory}: {e}; the newest '
+          f'complete one there is kept (step {kept[-1] if kept else None})'
+      ) from e
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    with self._write_errors():
+      self.manager.wait_until_finished()
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -137,8 +172,10 @@ class Checkpointer:
     return self.manager.metrics(step)
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    try:
+      self.wait()
+    finally:
+      self.manager.close()
 
 
 def abstract_like(tree) -> Any:

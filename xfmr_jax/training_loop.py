@@ -135,9 +135,13 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
   stopping = lambda: stop['signal'] is not None
 
   def stop_point(name):
-    """Fault injection for tests: SIGTERM to this process at ``name``."""
-    if config.get('debug_stop_at') == name:
+    """Fault injection for tests: at ``name``, SIGTERM to this process
+    (``debug_stop_at=name``) or SIGKILL (``debug_stop_at='kill:' + name``)."""
+    wanted = config.get('debug_stop_at') or ''
+    if wanted == name:
       os.kill(os.getpid(), signal.SIGTERM)
+    elif wanted == 'kill:' + name:
+      os.kill(os.getpid(), signal.SIGKILL)
 
   def checked(name):
     return lambda: (stop_point(name), stopping())[1]
@@ -150,6 +154,7 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
                            f'is kept in {ckpt.directory}')
     ckpt.save(step, state, checkpoint.gather_data_state(train_iter.get_state()),
               config_json, metrics)
+    stop_point(f'save:{step}')  # while the (async) write is under way
 
   def periodic_eval(step):
     # A stop request waits for this (short) evaluation, so that the step's

@@ -86,7 +86,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.process_id = -1
   # Fault injection for tests: poison the loss at this step (-1 = never);
   # send this process SIGTERM at a point of the run: 'step:N' (after step N),
-  # 'eval' (in a periodic evaluation), 'final_save' or 'final_eval'.
+  # 'save:N' (while checkpoint N is written), 'eval' (in a periodic
+  # evaluation), 'final_save' or 'final_eval'; 'kill:<point>' sends SIGKILL.
   c.debug_nan_at_step = -1
   c.debug_stop_at = ''
   return c
