@@ -17,6 +17,7 @@ import os
 
 from absl import app, flags
 
+from experiments import entry
 from xfmr_jax import data, evaluation
 from xfmr_jax.data import toy_language as tl
 from xfmr_jax.translate import Translator
@@ -102,4 +103,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  entry.run(main)

@@ -3,9 +3,12 @@ exit code 2, no traceback, and the workdir left as it was.
 
 Each case runs the real command line in a subprocess (a few seconds each).
 """
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import jax
 import pytest
@@ -61,6 +64,8 @@ GOOD = b'hallo welt\thello world\neins\tone\n' * 20
     (dict(extra=['--config=/nonexistent/toy.py']), "'/nonexistent/toy.py' does not exist"),
     (dict(dataset='toy_translatex'), "config.dataset='toy_translatex' is unknown"),
     (dict(dataset='toy_translate/huge'), 'huge'),
+    (dict(dataset='wmt14_translate/fr-en'), "unknown dataset 'wmt14_translate/fr-en'"),
+    (dict(dataset='wmt14_translate/de-en'), 'is not prepared as array_record'),
     (dict(tsv={'train': b'no tab here\n'}), 'expected source<TAB>target'),
     (dict(tsv={'train': b'a\tb\tc\n'}), 'expected source<TAB>target'),
     (dict(tsv={'train': b'\xff\xfe\tx\n'}), 'invalid UTF-8'),
@@ -176,3 +181,45 @@ def test_full_disk_ends_in_one_line_and_keeps_the_last_checkpoint(
     assert ckpt.restore(abstract)[0] == kept  # the newest complete one
   finally:
     ckpt.close()
+
+
+@pytest.fixture
+def shared_dir():
+  """A folder that another user can reach (pytest's own are root-only)."""
+  path = pathlib.Path(tempfile.mkdtemp(prefix='xfmr-shared-'))
+  os.chmod(path, 0o755)
+  yield path
+  shutil.rmtree(path, ignore_errors=True)
+
+
+def test_unwritable_checkpoint_folder_keeps_the_last_checkpoint(
+    data_dir, shared_dir):
+  """As a user who may not write the checkpoint folder (root may write
+  anywhere, so the run is made as 'nobody')."""
+  if os.geteuid() != 0 or not shutil.which('setpriv'):
+    pytest.skip('needs root and setpriv to run as another user')
+  shared = shared_dir
+  shutil.copytree(data_dir, shared / 'data')
+  (shared / 'home').mkdir()
+  workdir = shared / 'run'
+  for p in [shared, *shared.rglob('*')]:
+    os.chown(p, 65534, 65534)
+  as_nobody = ['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups']
+  env = {**os.environ, 'HOME': str(shared / 'home')}
+  steps = dict(checkpoint_every=4, log_every=4, async_checkpoints=False)
+  first = subprocess.run(
+      as_nobody + train_command(shared / 'data', workdir, num_train_steps=4,
+                                **steps),
+      cwd=ROOT, env=env, capture_output=True, timeout=300)
+  assert first.returncode == 0, first.stderr.decode()
+  os.chown(workdir / 'checkpoints', 0, 0)  # now read-only for the run
+  second = subprocess.run(
+      as_nobody + train_command(shared / 'data', workdir, num_train_steps=12,
+                                **steps),
+      cwd=ROOT, env=env, capture_output=True, timeout=300)
+  err = second.stderr.decode()
+  assert second.returncode == 1, err
+  last = err.strip().splitlines()[-1]
+  assert last.startswith('error: cannot write a checkpoint in '), err
+  assert 'step 4' in last, last
+  assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4']
