@@ -20,6 +20,7 @@ class MetricsWriter:
 
   def __init__(self, workdir: str, resume_step: int = 0):
     self.enabled = jax.process_index() == 0
+    self._workdir = workdir
     if self.enabled:
       from tensorboardX import SummaryWriter  # heavy; only where it writes
       path = os.path.join(workdir, 'metrics.jsonl')
@@ -32,12 +33,16 @@ class MetricsWriter:
       return
     scalars = {k: float(v) for k, v in metrics.items()
                if isinstance(v, (int, float, np.floating, np.integer))}
-    self._jsonl.write(json.dumps({'step': step, 'split': prefix, **scalars})
-                      + '\n')
-    self._jsonl.flush()
-    for k, v in scalars.items():
-      self._tb.add_scalar(f'{prefix}/{k}', v, step)
-    self._tb.flush()
+    try:
+      self._jsonl.write(json.dumps({'step': step, 'split': prefix, **scalars})
+                        + '\n')
+      self._jsonl.flush()
+      for k, v in scalars.items():
+        self._tb.add_scalar(f'{prefix}/{k}', v, step)
+      self._tb.flush()
+    except OSError as e:  # a full disk: say which file
+      raise OSError(e.errno, f'cannot write the metrics in {self._workdir}: '
+                    f'{e.strerror}') from e
 
   def close(self):
     if self.enabled:
