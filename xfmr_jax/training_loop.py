@@ -144,7 +144,11 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
       os.kill(os.getpid(), signal.SIGKILL)
 
   def checked(name):
-    return lambda: (stop_point(name), stopping())[1]
+    """``should_stop`` for an evaluation: the stop point, then the flag."""
+    def should_stop():
+      stop_point(name)
+      return stopping()
+    return should_stop
 
   def save(step, metrics=None):
     bad = int(jax.device_get(state.bad_step))
