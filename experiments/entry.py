@@ -74,12 +74,13 @@ def _classify(e: BaseException) -> int | None:
   """The exit code of an expected failure, None for a bug."""
   from xfmr_jax import checkpoint, run_config, training_loop
   from xfmr_jax.data import DataError
+  from xfmr_jax.serving import ArtifactError
   from xfmr_jax.tokenizer import TokenizerError
   from xfmr_jax.translate import InputTooLong
   if isinstance(e, checkpoint.CheckpointWriteError):
     return FAILED
   if isinstance(e, (run_config.ConfigError, DataError, TokenizerError,
-                    InputTooLong,
+                    InputTooLong, ArtifactError,
                     checkpoint.CheckpointError, FileNotFoundError,
                     NotADirectoryError, IsADirectoryError,
                     PermissionError)):

@@ -25,3 +25,20 @@ def data_dir(tmp_path_factory):
   d = tmp_path_factory.mktemp('tfds')
   data.build_toy_dataset(str(d), config='small')
   return d
+
+
+@pytest.fixture(scope='session')
+def trained_workdir(data_dir, tmp_path_factory):
+  """A toy model trained briefly (300 steps): it gets short sentences right.
+  Shared by the translate and serving tests."""
+  from tests.test_train import tiny_config
+  from xfmr_jax import training_loop
+  wd = tmp_path_factory.mktemp('trained')
+  cfg = tiny_config(data_dir, num_train_steps=300, vocab_size=600,
+                    lr_scale=0.5, warmup_steps=100, batch_size=32,
+                    max_length=64, checkpoint_every=300, log_every=50,
+                    test_samples=64)
+  cfg.model.update(d_model=128, num_heads=4, num_encoder_layers=2,
+                   num_decoder_layers=2, d_ff=256, max_len=128)
+  training_loop.train_and_evaluate(cfg, str(wd))
+  return wd

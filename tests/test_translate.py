@@ -5,25 +5,15 @@ import sys
 
 import pytest
 
-from tests.test_train import tiny_config
-from xfmr_jax import checkpoint, data, decode, training_loop
+from xfmr_jax import checkpoint, data, decode
 from xfmr_jax.translate import BUCKETS, Translator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope='module')
-def workdir(data_dir, tmp_path_factory):
-  """A toy model trained briefly: it gets short sentences right."""
-  wd = tmp_path_factory.mktemp('trained')
-  cfg = tiny_config(data_dir, num_train_steps=300, vocab_size=600,
-                    lr_scale=0.5, warmup_steps=100, batch_size=32,
-                    max_length=64, checkpoint_every=300, log_every=50,
-                    test_samples=64)
-  cfg.model.update(d_model=128, num_heads=4, num_encoder_layers=2,
-                   num_decoder_layers=2, d_ff=256, max_len=128)
-  training_loop.train_and_evaluate(cfg, str(wd))
-  return wd
+def workdir(trained_workdir):
+  return trained_workdir
 
 
 @pytest.fixture(scope='module')

@@ -4,26 +4,23 @@
     translator(['a source sentence', ''])             # -> list of str, same order
 
 Inputs are padded to one of a few bucket lengths so that a stream of requests
-of many lengths compiles the decoder only once per bucket and batch size.
+of many lengths compiles the decoder only once per bucket and batch size (the
+rules live in :mod:`xfmr_jax.source_batches`, shared with the exported
+translator of :mod:`xfmr_jax.serving`).
 """
 from __future__ import annotations
 
-import sys
 from typing import Sequence
 
 import jax
 import numpy as np
 
-from xfmr_jax import decode, run_dir
+from xfmr_jax import decode, run_dir, source_batches
 from xfmr_jax.model import SequenceModel
-from xfmr_jax.token_ids import EOS
+from xfmr_jax.source_batches import BUCKETS, InputTooLong
 from xfmr_jax.tokenizer import Tokenizer
 
-BUCKETS = (16, 32, 64, 128, 256, 512)
-
-
-class InputTooLong(ValueError):
-  """An input longer than the model's maximum, with ``too_long='error'``."""
+__all__ = ['BUCKETS', 'InputTooLong', 'Translator']
 
 
 class Translator:
@@ -54,9 +51,8 @@ class Translator:
     self.too_long = too_long
     self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
     self._rng = jax.random.key(seed)
-    self.max_input = model.config.max_len
-    if model.config.model_kind == 'decoder_only':  # source and output share it
-      self.max_input //= 2
+    self.max_input = source_batches.max_input_length(
+        model.config.max_len, model.config.model_kind)
 
   @classmethod
   def from_workdir(cls, workdir: str, step: int | None = None, **kwargs):
@@ -64,21 +60,10 @@ class Translator:
     model, params, tokenizer, _ = run_dir.load_for_inference(workdir, step)
     return cls(model, params, tokenizer, **kwargs)
 
-  def _encode(self, text: str, index: int) -> list[int]:
-    ids = self.tokenizer.encode(text) + [EOS]
-    if len(ids) > self.max_input:
-      if self.too_long == 'error':
-        raise InputTooLong(f'input {index} has {len(ids)} tokens, more than '
-                           f'the model maximum {self.max_input}')
-      print(f'warning: input {index} has {len(ids)} tokens; truncated to '
-            f'{self.max_input}', file=sys.stderr)
-      ids = ids[:self.max_input - 1] + [EOS]
-    return ids
-
   @staticmethod
   def bucket(length: int, limit: int) -> int:
     """Smallest bucket holding ``length`` tokens (never above ``limit``)."""
-    return min(next((b for b in BUCKETS if b >= length), limit), limit)
+    return source_batches.bucket(length, limit)
 
   def decode_ids(self, inputs: np.ndarray) -> np.ndarray:
     """``[batch, s]`` padded source ids -> ``[batch, t]`` output ids."""
@@ -100,20 +85,15 @@ class Translator:
 
   def __call__(self, texts: Sequence[str]) -> list[str]:
     """Translations of ``texts`` in order; an empty input gives ''."""
-    encoded = [None if not t.strip() else self._encode(t, i)
+    encoded = [source_batches.encode_source(self.tokenizer, t, i,
+                                            self.max_input, self.too_long)
                for i, t in enumerate(texts)]
-    todo = [i for i, ids in enumerate(encoded) if ids is not None]
-    # Sort by length so that each decoder call pads little.
-    todo.sort(key=lambda i: len(encoded[i]))
     out = [''] * len(texts)
-    for start in range(0, len(todo), self.batch_size):
-      chunk = todo[start:start + self.batch_size]
-      width = self.bucket(max(len(encoded[i]) for i in chunk), self.max_input)
-      inputs = np.zeros((self.batch_size, width), np.int32)
-      for row, i in enumerate(chunk):
-        inputs[row, :len(encoded[i])] = encoded[i]
+    for chunk, width in source_batches.plan(encoded, self.batch_size,
+                                            self.max_input):
+      inputs = source_batches.pad_rows([encoded[i] for i in chunk], width,
+                                       self.batch_size)
       outputs = self.decode_ids(inputs)
       for row, i in enumerate(chunk):
         out[i] = self.tokenizer.decode(outputs[row])
     return out
-

@@ -1,0 +1,96 @@
+"""Serve translations over HTTP from an exported translator.
+
+    python -m experiments.serve --artifact=ARTIFACT --port=8000
+    python -m experiments.serve --workdir=DIR      # exports to a temp folder
+
+    curl -s localhost:8000/translate -d '{"texts": ["a sentence"]}'
+    curl -s localhost:8000/health; curl -s localhost:8000/metrics
+
+Concurrent requests are batched dynamically (see ``xfmr_jax/service.py``).
+SIGTERM (or Ctrl-C) stops accepting connections, finishes the requests in
+flight, and exits 0.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+
+from absl import flags
+from absl import logging as absl_logging
+
+from experiments import entry
+
+_ARTIFACT = flags.DEFINE_string('artifact', None,
+                                'Folder written by experiments.export.')
+_WORKDIR = flags.DEFINE_string('workdir', None,
+                               'Training workdir (exported on start-up).')
+_HOST = flags.DEFINE_string('host', '127.0.0.1', 'Address to listen on.')
+_PORT = flags.DEFINE_integer('port', 8000, 'Port to listen on.')
+_MAX_BATCH = flags.DEFINE_integer('max_batch', None,
+                                  'Sentences per decoder call (default: the '
+                                  'artifact\'s batch size).')
+_MAX_WAIT = flags.DEFINE_float('max_wait_ms', 5.0,
+                               'How long a sentence waits to fill a batch.')
+_MAX_TEXTS = flags.DEFINE_integer('max_texts', 64, 'Texts per request.')
+_MAX_CHARS = flags.DEFINE_integer('max_chars', 4000, 'Characters per text.')
+_MAX_BODY = flags.DEFINE_integer('max_body_bytes', 1 << 20,
+                                 'Largest request body.')
+_GRACE = flags.DEFINE_integer('shutdown_timeout', 60,
+                              'Seconds to finish in-flight requests on SIGTERM.')
+
+
+def _artifact_from_workdir(workdir: str) -> str:
+  from xfmr_jax import export
+  out = os.path.join(tempfile.mkdtemp(prefix='xfmr_serve_'), 'artifact')
+  export.export_workdir(workdir, out, progress=lambda line: None)
+  return out
+
+
+def main(argv):
+  if len(argv) > 1:
+    entry.fail(f'unexpected arguments: {argv[1:]}')
+  if (_ARTIFACT.value is None) == (_WORKDIR.value is None):
+    entry.fail('give exactly one of --artifact and --workdir')
+  for name, value, low in (('port', _PORT.value, 0),
+                           ('max_batch', _MAX_BATCH.value or 1, 1),
+                           ('max_texts', _MAX_TEXTS.value, 1),
+                           ('max_chars', _MAX_CHARS.value, 1),
+                           ('max_body_bytes', _MAX_BODY.value, 1)):
+    if value < low:
+      entry.fail(f'--{name} must be at least {low}, got {value}')
+  if _MAX_WAIT.value < 0:
+    entry.fail(f'--max_wait_ms must be >= 0, got {_MAX_WAIT.value}')
+  if not entry.verbose():
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    logging.getLogger().setLevel(logging.WARNING)
+  import uvicorn
+  from xfmr_jax import serving, service
+  path = _ARTIFACT.value
+  if path is None:
+    if not os.path.isdir(_WORKDIR.value):
+      entry.fail(f'--workdir {_WORKDIR.value!r} is not a directory')
+    path = _artifact_from_workdir(_WORKDIR.value)
+  translator = serving.load(path)
+  app = service.make_app(
+      translator, max_batch=_MAX_BATCH.value, max_wait_ms=_MAX_WAIT.value,
+      max_texts=_MAX_TEXTS.value, max_chars=_MAX_CHARS.value,
+      max_body_bytes=_MAX_BODY.value)
+  server = uvicorn.Server(uvicorn.Config(
+      app, host=_HOST.value, port=_PORT.value, log_level='warning',
+      timeout_graceful_shutdown=_GRACE.value))
+  # uvicorn shuts down gracefully on SIGTERM/SIGINT and then re-raises the
+  # signal to the handler that was installed before it; with Python's
+  # default handler that would kill the process after a clean shutdown, so a
+  # no-op handler lets it end with exit status 0.
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda *_: None)
+  print(f'serving {path} on http://{_HOST.value}:{_PORT.value} '
+        f'(beam sizes {translator.beam_sizes})', flush=True)
+  server.run()
+  print('stopped', flush=True)
+
+
+if __name__ == '__main__':
+  entry.run(main)

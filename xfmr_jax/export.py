@@ -1,0 +1,168 @@
+"""Export a trained translator as a self-contained artifact (``jax.export``).
+
+    export_workdir('workdir', 'artifact', beam_sizes=(1, 4))
+    translate = xfmr_jax.serving.load('artifact')   # no flax, no model code
+
+An artifact is a folder:
+
+- ``translate_b{beam}_s{width}.jaxexport``: one serialized ``jax.export``
+  module per decode setting and source bucket: the encoder and the cached
+  greedy (beam 1) or beam-search decoder exactly as :class:`Translator` runs
+  them, for inputs ``[batch, width]`` with a symbolic ``batch``, lowered for
+  every platform asked for. Each takes ``(param_leaves, inputs)`` and returns
+  ``[batch, width + extra]`` output ids (capped by the model's ``max_len``).
+- ``params.npz``: the parameters as a flat list of arrays, passed to the
+  modules at call time rather than baked into them, so the modules stay small
+  and one parameter file serves every bucket.
+- ``tokenizer.model``: the SentencePiece model.
+- ``manifest.json``: versions (jax, jaxlib, the export calling convention),
+  platforms, buckets, decode settings, the parameter shapes and dtypes, and a
+  SHA-256 of every file so that a damaged copy is caught on load.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+from jax import export as jax_export
+
+from xfmr_jax import decode, run_dir, source_batches
+from xfmr_jax.model import SequenceModel
+from xfmr_jax.tokenizer import MODEL_FILENAME, Tokenizer
+
+FORMAT = 1
+MANIFEST = 'manifest.json'
+PARAMS = 'params.npz'
+PLATFORMS = ('cpu', 'cuda', 'rocm', 'tpu')
+
+
+def module_name(beam_size: int, width: int) -> str:
+  return f'translate_b{beam_size}_s{width}.jaxexport'
+
+
+def default_platforms() -> list[str]:
+  """The CPU plus the backend this process runs on (if another)."""
+  here = jax.default_backend()
+  here = 'cuda' if here == 'gpu' else here
+  return ['cpu'] + ([here] if here != 'cpu' else [])
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 20), b''):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _decode_fn(model: SequenceModel, treedef, beam_size: int, alpha: float,
+               length: int):
+  """``(param_leaves, inputs [b, s]) -> [b, length]`` ids, as Translator."""
+  def translate(leaves, inputs):
+    params = jax.tree.unflatten(treedef, leaves)
+    if beam_size == 1:
+      return decode.greedy_decode(model, params, inputs,
+                                  max_decode_len=length)
+    out, _ = decode.beam_search(model, params, inputs, beam_size=beam_size,
+                                alpha=alpha, max_decode_len=length)
+    return out
+  return jax.jit(translate)
+
+
+def export_translator(model: SequenceModel, params, tokenizer: Tokenizer,
+                      out_dir: str, *, beam_sizes: Sequence[int] = (1, 4),
+                      alpha: float = 0.6,
+                      max_decode_extra: int = decode.DECODE_EXTRA,
+                      batch_size: int = 64,
+                      platforms: Sequence[str] | None = None,
+                      buckets: Sequence[int] | None = None,
+                      progress=print) -> dict:
+  """Write an artifact for ``model`` and ``params`` to ``out_dir``.
+
+  Args:
+    beam_sizes: decoders to export; 1 is greedy. The first is the default.
+    batch_size: the most sentences the loaded translator decodes per call.
+    platforms: lowering targets (default :func:`default_platforms`).
+    buckets: source widths (default every bucket up to the model maximum).
+    progress: called with one line per exported module.
+
+  Returns:
+    The manifest.
+
+  The artifact is written into ``out_dir + '.tmp'`` and renamed at the end,
+  so an interrupted export leaves no half-written artifact behind.
+  """
+  platforms = list(platforms or default_platforms())
+  bad = [p for p in platforms if p not in PLATFORMS]
+  if bad:
+    raise ValueError(f'unknown platforms {bad}; choose from {list(PLATFORMS)}')
+  beam_sizes = list(dict.fromkeys(int(b) for b in beam_sizes))
+  if not beam_sizes or min(beam_sizes) < 1:
+    raise ValueError(f'beam sizes must be >= 1, got {beam_sizes}')
+  if batch_size < 1:
+    raise ValueError(f'batch_size must be >= 1, got {batch_size}')
+  config = model.config
+  if config.model_kind == 'encoder_only':
+    raise ValueError('an encoder_only model tags tokens; it does not translate')
+  max_input = source_batches.max_input_length(config.max_len,
+                                              config.model_kind)
+  widths = (source_batches.buckets_up_to(max_input) if buckets is None
+            else sorted({source_batches.bucket(b, max_input) for b in buckets}))
+  leaves, treedef = jax.tree.flatten(nn.unbox(params))
+  leaves = [np.asarray(x) for x in leaves]
+  specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
+  batch, = jax_export.symbolic_shape('batch')
+
+  tmp = out_dir.rstrip('/') + '.tmp'
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(tmp)
+  np.savez(os.path.join(tmp, PARAMS),
+           **{f'{i:05d}': x for i, x in enumerate(leaves)})
+  tokenizer.save(tmp)
+  modules, start = {}, time.time()
+  for beam_size in beam_sizes:
+    for width in widths:
+      length = decode.decode_length(config, width, extra=max_decode_extra)
+      fn = _decode_fn(model, treedef, beam_size, alpha, length)
+      exported = jax_export.export(fn, platforms=platforms)(
+          specs, jax.ShapeDtypeStruct((batch, width), jnp.int32))
+      name = module_name(beam_size, width)
+      with open(os.path.join(tmp, name), 'wb') as f:
+        f.write(exported.serialize())
+      modules[name] = dict(beam_size=beam_size, width=width,
+                           output_length=length)
+      progress(f'exported {name} ({time.time() - start:.1f} s)')
+
+  files = [PARAMS, MODEL_FILENAME, *modules]
+  manifest = dict(
+      format=FORMAT, created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
+      jax_version=jax.__version__, jaxlib_version=jaxlib.__version__,
+      calling_convention_version=exported.calling_convention_version,
+      platforms=platforms, model_kind=config.model_kind,
+      vocab_size=tokenizer.vocab_size, max_input=max_input, buckets=widths,
+      beam_sizes=beam_sizes, alpha=alpha, max_decode_extra=max_decode_extra,
+      batch_size=batch_size, modules=modules,
+      params=[dict(shape=list(x.shape), dtype=str(x.dtype)) for x in leaves],
+      sha256={name: _sha256(os.path.join(tmp, name)) for name in files})
+  with open(os.path.join(tmp, MANIFEST), 'w') as f:
+    json.dump(manifest, f, indent=2)
+  shutil.rmtree(out_dir, ignore_errors=True)
+  os.replace(tmp, out_dir)
+  return manifest
+
+
+def export_workdir(workdir: str, out_dir: str, step: int | None = None,
+                   **kwargs) -> dict:
+  """:func:`export_translator` for the newest (or given) checkpoint of a
+  training workdir."""
+  model, params, tokenizer, _ = run_dir.load_for_inference(workdir, step)
+  return export_translator(model, params, tokenizer, out_dir, **kwargs)

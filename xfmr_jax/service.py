@@ -1,0 +1,291 @@
+"""An HTTP JSON translation service around an exported translator.
+
+    app = make_app(xfmr_jax.serving.load('artifact'))   # a Starlette app
+    uvicorn.run(app, port=8000)       # python -m experiments.serve does this
+
+Endpoints:
+
+- ``POST /translate`` with ``{"texts": [str, ...], "beam_size": int}``
+  (``beam_size`` optional: one the artifact exported) answers
+  ``{"translations": [str, ...], "beam_size": int}`` in the same order; a
+  blank text gives ''.
+- ``GET /health``: ``{"status": "ok", ...}`` with the artifact's settings.
+- ``GET /metrics``: request counts by status, texts, batches and their mean
+  size, latency percentiles (ms) over the last 10,000 requests.
+
+Sentences of concurrent requests are batched dynamically: each goes to the
+queue of its (beam size, source bucket), and one decoding thread takes the
+queue whose oldest sentence has waited longest, once it holds ``max_batch``
+sentences or its oldest has waited ``max_wait_ms``. Under load the decoder is
+busy while sentences queue up, so batches grow with the load.
+
+Bad requests get a 4xx and ``{"error": message}``; the service keeps serving.
+Needs starlette (and an ASGI server such as uvicorn to run it), no model code.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import json
+import time
+from typing import Callable, Hashable, Sequence
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from xfmr_jax.serving import ExportedTranslator, InputTooLong
+
+FIELDS = ('texts', 'beam_size')
+
+
+class RequestError(Exception):
+  """A bad request: its HTTP status and a message for the client."""
+
+  def __init__(self, status: int, message: str):
+    super().__init__(message)
+    self.status = status
+
+
+class Batcher:
+  """Groups single items into batches by key and runs them on one thread.
+
+  Args:
+    run_batch: ``(key, items) -> results`` (same length), run off the event
+      loop on a single worker thread.
+    max_batch: the most items per call.
+    max_wait_s: how long the oldest item of a key waits for company.
+  """
+
+  def __init__(self, run_batch: Callable[[Hashable, list], Sequence],
+               max_batch: int, max_wait_s: float):
+    self._run_batch, self.max_batch, self.max_wait_s = (
+        run_batch, max_batch, max_wait_s)
+    self._pending: dict = {}   # key -> [(arrival, item, future), ...]
+    self._wake = asyncio.Event()
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, 'decode')
+    self._task = None
+    self._closing = False
+    self.batches = 0
+    self.items = 0
+
+  def start(self) -> None:
+    self._task = asyncio.get_running_loop().create_task(self._loop())
+
+  async def close(self) -> None:
+    """Finish everything queued, then stop the worker."""
+    self._closing = True
+    self._wake.set()
+    if self._task is not None:
+      await self._task
+    self._pool.shutdown()
+
+  @property
+  def queued(self) -> int:
+    return sum(len(group) for group in self._pending.values())
+
+  async def submit(self, key: Hashable, item):
+    """The result for ``item``, once its batch has run."""
+    future = asyncio.get_running_loop().create_future()
+    self._pending.setdefault(key, []).append((time.monotonic(), item, future))
+    self._wake.set()
+    return await future
+
+  async def _sleep_until_woken(self, timeout: float | None) -> None:
+    self._wake.clear()
+    with contextlib.suppress(asyncio.TimeoutError):
+      await asyncio.wait_for(self._wake.wait(), timeout)
+
+  async def _loop(self) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+      if not self._pending:
+        if self._closing:
+          return
+        await self._sleep_until_woken(None)
+        continue
+      key = min(self._pending, key=lambda k: self._pending[k][0][0])
+      group = self._pending[key]
+      wait = group[0][0] + self.max_wait_s - time.monotonic()
+      if (len(group) < self.max_batch and wait > 0
+          and not self._closing):
+        await self._sleep_until_woken(wait)
+        continue
+      batch, group[:] = group[:self.max_batch], group[self.max_batch:]
+      if not group:
+        del self._pending[key]
+      items = [item for _, item, _ in batch]
+      try:
+        results = await loop.run_in_executor(self._pool, self._run_batch,
+                                             key, items)
+      except Exception as e:  # pylint: disable=broad-except
+        for _, _, future in batch:
+          if not future.done():
+            future.set_exception(e)
+        continue
+      self.batches += 1
+      self.items += len(items)
+      for (_, _, future), result in zip(batch, results):
+        if not future.done():  # its client may have gone
+          future.set_result(result)
+
+
+class Stats:
+  """Counters and recent latencies for ``GET /metrics``."""
+
+  def __init__(self, window: int = 10_000):
+    self.started = time.time()
+    self.statuses = collections.Counter()
+    self.texts = 0
+    self.latencies = collections.deque(maxlen=window)
+
+  def record(self, status: int, seconds: float, texts: int = 0) -> None:
+    self.statuses[status] += 1
+    self.texts += texts
+    if status == 200:
+      self.latencies.append(seconds)
+
+  def snapshot(self, batcher: Batcher) -> dict:
+    lat = np.asarray(self.latencies) * 1e3
+    percentiles = ({f'p{q}': round(float(np.percentile(lat, q)), 2)
+                    for q in (50, 90, 99)} | {'max': round(float(lat.max()), 2)}
+                   if lat.size else {})
+    return dict(
+        uptime_s=round(time.time() - self.started, 1),
+        requests=sum(self.statuses.values()),
+        requests_by_status={str(k): v for k, v in sorted(self.statuses.items())},
+        texts=self.texts, batches=batcher.batches,
+        mean_batch_size=round(batcher.items / max(batcher.batches, 1), 2),
+        queued=batcher.queued, latency_ms=percentiles)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+  declared = request.headers.get('content-length')
+  if declared is not None:
+    if not declared.isdigit():
+      raise RequestError(400, f'bad Content-Length {declared!r}')
+    if int(declared) > limit:
+      raise RequestError(413, f'body of {declared} bytes; the limit is {limit}')
+  chunks, size = [], 0
+  async for chunk in request.stream():  # also caps bodies sent chunked
+    size += len(chunk)
+    if size > limit:
+      raise RequestError(413, f'body over the limit of {limit} bytes')
+    chunks.append(chunk)
+  return b''.join(chunks)
+
+
+def parse_request(body: bytes, *, beam_sizes: Sequence[int], max_texts: int,
+                  max_chars: int) -> tuple[list[str], int]:
+  """``(texts, beam_size)`` of a ``/translate`` body, or a RequestError."""
+  try:
+    text = body.decode('utf-8')
+  except UnicodeDecodeError as e:
+    raise RequestError(400, f'body is not valid UTF-8 ({e.reason} at byte '
+                            f'{e.start})') from None
+  try:
+    request = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise RequestError(400, f'body is not JSON: {e}') from None
+  if not isinstance(request, dict):
+    raise RequestError(422, 'body must be a JSON object like '
+                            '{"texts": ["..."], "beam_size": 4}')
+  unknown = sorted(set(request) - set(FIELDS))
+  if unknown:
+    raise RequestError(422, f'unknown field {unknown[0]!r}; the fields are '
+                            f'{list(FIELDS)}')
+  texts = request.get('texts')
+  if not isinstance(texts, list):
+    raise RequestError(422, '"texts" must be a list of strings')
+  if len(texts) > max_texts:
+    raise RequestError(413, f'{len(texts)} texts; at most {max_texts} per '
+                            'request')
+  for i, t in enumerate(texts):
+    if not isinstance(t, str):
+      raise RequestError(422, f'texts[{i}] is {type(t).__name__}, not a string')
+    if len(t) > max_chars:
+      raise RequestError(413, f'texts[{i}] has {len(t)} characters; the limit '
+                              f'is {max_chars}')
+    try:
+      t.encode('utf-8')
+    except UnicodeEncodeError:  # a lone surrogate escaped in the JSON
+      raise RequestError(422, f'texts[{i}] is not valid Unicode') from None
+  beam_size = request.get('beam_size', beam_sizes[0])
+  if type(beam_size) is not int or beam_size not in beam_sizes:  # no bools
+    raise RequestError(422, f'beam_size must be one of {list(beam_sizes)}, '
+                            f'got {beam_size!r}')
+  return texts, beam_size
+
+
+def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
+             max_wait_ms: float = 5.0, max_texts: int = 64,
+             max_chars: int = 4000, max_body_bytes: int = 1 << 20) -> Starlette:
+  """The service's Starlette app (see the module docstring).
+
+  Args:
+    max_batch: sentences per decoder call (default: the artifact's).
+    max_wait_ms: how long a sentence waits for others to fill its batch.
+    max_texts, max_chars, max_body_bytes: request limits (413 beyond them).
+  """
+  max_batch = min(max_batch or translator.batch_size, translator.batch_size)
+  stats = Stats()
+  state = {}
+
+  def run_batch(key, rows):
+    beam_size, _ = key
+    return translator.translate_encoded(rows, beam_size)
+
+  def encode(text: str, index: int):
+    try:
+      return translator.encode(text, index, too_long='error')
+    except InputTooLong as e:
+      raise RequestError(413, f'texts[{index}]: {e}') from None
+
+  async def translate(request: Request):
+    start = time.perf_counter()
+    try:
+      body = await _read_body(request, max_body_bytes)
+      texts, beam_size = parse_request(
+          body, beam_sizes=translator.beam_sizes, max_texts=max_texts,
+          max_chars=max_chars)
+      encoded = [encode(t, i) for i, t in enumerate(texts)]
+      batcher = state['batcher']
+      jobs = [batcher.submit((beam_size, translator.bucket(len(ids))), ids)
+              for ids in encoded if ids is not None]
+      done = iter(await asyncio.gather(*jobs))
+      out = ['' if ids is None else next(done) for ids in encoded]
+    except RequestError as e:
+      stats.record(e.status, time.perf_counter() - start)
+      return JSONResponse({'error': str(e)}, status_code=e.status)
+    except Exception as e:  # pylint: disable=broad-except
+      stats.record(500, time.perf_counter() - start)
+      return JSONResponse({'error': f'{type(e).__name__}: {e}'},
+                          status_code=500)
+    stats.record(200, time.perf_counter() - start, len(texts))
+    return JSONResponse({'translations': out, 'beam_size': beam_size})
+
+  async def health(_):
+    return JSONResponse(dict(
+        status='ok', beam_sizes=translator.beam_sizes,
+        buckets=translator.buckets, max_input_tokens=translator.max_input,
+        max_batch=max_batch, max_texts=max_texts, max_chars=max_chars,
+        platforms=translator.manifest['platforms']))
+
+  async def metrics(_):
+    return JSONResponse(stats.snapshot(state['batcher']))
+
+  @contextlib.asynccontextmanager
+  async def lifespan(_):
+    state['batcher'] = Batcher(run_batch, max_batch, max_wait_ms / 1e3)
+    state['batcher'].start()
+    yield
+    await state['batcher'].close()
+
+  return Starlette(routes=[Route('/translate', translate, methods=['POST']),
+                           Route('/health', health, methods=['GET']),
+                           Route('/metrics', metrics, methods=['GET'])],
+                   lifespan=lifespan)
