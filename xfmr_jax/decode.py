@@ -294,6 +294,18 @@ def _beams_done(beams, length, alpha):
           (worst_finished > best_alive / length_penalty(length, alpha)))
 
 
+def _reorder_beams(cache, rows, axis):
+  """Each beam's self-attention cache taken from its parent beam (``rows``
+  index the ``batch * k`` cache rows). The cross-attention keys/values stay:
+  all beams of a sentence hold the same copy and a parent is always of the
+  same sentence, so gathering them would only move memory."""
+  def take(path, x):
+    if any(getattr(p, 'key', None) == 'cross_attention' for p in path):
+      return x
+    return jnp.take(x, rows, axis=axis)
+  return jax.tree_util.tree_map_with_path(take, cache)
+
+
 @functools.partial(jax.jit, static_argnames=(
     'model', 'beam_size', 'alpha', 'max_decode_len'))
 def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
@@ -341,8 +353,7 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
     beams, parent = _beam_update(beams, log_probs.reshape(batch, k, -1), t,
                                  alpha)
     rows = (jnp.arange(batch)[:, None] * k + parent).reshape(-1)
-    cache = jax.tree.map(lambda x: jnp.take(x, rows, axis=axis), cache)
-    return t + 1, beams, cache
+    return t + 1, beams, _reorder_beams(cache, rows, axis)
 
   _, beams, _ = jax.lax.while_loop(cond, body, (0, beams, cache))
   best = jnp.argmax(beams['alive_logp'], axis=1)
