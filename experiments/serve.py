@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import tempfile
+import time
 
 from absl import flags
 from absl import logging as absl_logging
@@ -37,6 +38,9 @@ _MAX_TEXTS = flags.DEFINE_integer('max_texts', 64, 'Texts per request.')
 _MAX_CHARS = flags.DEFINE_integer('max_chars', 4000, 'Characters per text.')
 _MAX_BODY = flags.DEFINE_integer('max_body_bytes', 1 << 20,
                                  'Largest request body.')
+_WARM_UP = flags.DEFINE_bool('warm_up', False,
+                              'Compile every beam size, bucket and batch size '
+                              'before accepting requests.')
 _GRACE = flags.DEFINE_integer('shutdown_timeout', 60,
                               'Seconds to finish in-flight requests on SIGTERM.')
 
@@ -73,6 +77,11 @@ def main(argv):
       entry.fail(f'--workdir {_WORKDIR.value!r} is not a directory')
     path = _artifact_from_workdir(_WORKDIR.value)
   translator = serving.load(path)
+  if _WARM_UP.value:
+    start = time.time()
+    count = translator.warm_up()
+    print(f'compiled {count} executables in {time.time() - start:.1f} s',
+          flush=True)
   app = service.make_app(
       translator, max_batch=_MAX_BATCH.value, max_wait_ms=_MAX_WAIT.value,
       max_texts=_MAX_TEXTS.value, max_chars=_MAX_CHARS.value,

@@ -173,3 +173,14 @@ def test_export_cli_and_its_errors(trained_workdir, tmp_path):
     run = cli(*args, f'--out={tmp_path}/x')
     assert run.returncode == 2, run.stderr[-2000:]
     assert message in run.stderr and 'Traceback' not in run.stderr
+
+
+def test_warm_up_compiles_every_batch_size_once(artifact, sources):
+  loaded = serving.load(str(artifact))
+  assert loaded.row_counts() == [1, 2, 4, 8]  # exported with batch_size 8
+  assert loaded.warm_up(beam_sizes=[1], widths=[16, 32]) == 8
+  assert loaded.warm_up(beam_sizes=[1], widths=[16, 32]) == 0
+  short = [t for t in sources if t.strip() and len(loaded.encode(t)) <= 32]
+  for n in (1, 3, 8, len(short)):
+    loaded(short[:n], beam_size=1)
+  assert len(loaded._executables) == 8  # nothing compiled after the warm-up

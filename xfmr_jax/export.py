@@ -79,7 +79,7 @@ def _decode_fn(model: SequenceModel, treedef, beam_size: int, alpha: float,
 
 
 def export_translator(model: SequenceModel, params, tokenizer: Tokenizer,
-                      out_dir: str, *, beam_sizes: Sequence[int] = (1, 4),
+                      out_dir: str, *, beam_sizes: Sequence[int] = (4, 1),
                       alpha: float = 0.6,
                       max_decode_extra: int = decode.DECODE_EXTRA,
                       batch_size: int = 64,

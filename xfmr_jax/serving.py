@@ -117,7 +117,7 @@ class ExportedTranslator:
     self.beam_sizes = list(manifest['beam_sizes'])
     self.max_input = manifest['max_input']
     self.batch_size = manifest['batch_size']
-    self._calls = {}
+    self._modules = {}
     for name, info in manifest['modules'].items():
       with open(os.path.join(path, name), 'rb') as f:
         blob = f.read()
@@ -125,9 +125,36 @@ class ExportedTranslator:
         exported = jax_export.deserialize(bytearray(blob))
       except Exception as e:  # flatbuffers raises assorted errors
         raise ArtifactError(f'{path}: {name} cannot be read ({e})') from None
-      # One jit per module: its compilation cache then holds each batch size.
-      self._calls[info['beam_size'], info['width']] = jax.jit(exported.call)
+      self._modules[info['beam_size'], info['width']] = jax.jit(exported.call)
+    self._executables = {}   # (beam, width, rows) -> compiled
     self._lock = threading.Lock()
+
+  def row_counts(self) -> list[int]:
+    """The batch sizes decoder calls are padded to: powers of two up to (and
+    including) ``batch_size``."""
+    return sorted({min(1 << i, self.batch_size)
+                   for i in range(self.batch_size.bit_length() + 1)})
+
+  def _executable(self, beam_size: int, width: int, rows: int):
+    """The module compiled for ``[rows, width]`` inputs (compiled once)."""
+    key = beam_size, width, rows
+    if key not in self._executables:
+      inputs = jax.ShapeDtypeStruct((rows, width), np.int32)
+      self._executables[key] = self._modules[beam_size, width].lower(
+          self.params, inputs).compile()
+    return self._executables[key]
+
+  def warm_up(self, beam_sizes=None, widths=None) -> int:
+    """Compile every row count for the given beam sizes and bucket widths
+    (default all), so that no request waits for a compilation. Returns the
+    number of executables compiled."""
+    before = len(self._executables)
+    with self._lock:
+      for beam_size in beam_sizes or self.beam_sizes:
+        for width in widths or self.buckets:
+          for rows in self.row_counts():
+            self._executable(self._beam(beam_size), width, rows)
+    return len(self._executables) - before
 
   def encode(self, text: str, index: int = 0, too_long: str = 'error'):
     """Source ids with EOS (``None`` for a blank text); see
@@ -148,8 +175,13 @@ class ExportedTranslator:
   def decode_ids(self, inputs: np.ndarray, beam_size: int | None = None
                  ) -> np.ndarray:
     """``[rows, width]`` padded source ids (width a bucket) -> output ids."""
-    call = self._calls[self._beam(beam_size), inputs.shape[1]]
+    beam_size = self._beam(beam_size)
+    if inputs.shape[1] not in self.buckets:
+      raise ValueError(f'input width {inputs.shape[1]} is not one of the '
+                       f'exported buckets {self.buckets}')
     with self._lock:
+      rows, width = inputs.shape
+      call = self._executable(beam_size, width, rows)
       return np.asarray(call(self.params, inputs))
 
   def translate_encoded(self, rows: Sequence[list[int]], beam_size=None
@@ -157,8 +189,9 @@ class ExportedTranslator:
     """Translations of encoded sources that share one bucket (at most
     ``batch_size`` of them), padded to a power-of-two number of rows."""
     width = self.bucket(max(len(r) for r in rows))
-    padded = min(1 << (len(rows) - 1).bit_length(), self.batch_size)
-    padded = max(padded, len(rows))
+    if len(rows) > self.batch_size:
+      raise ValueError(f'{len(rows)} rows; at most {self.batch_size} per call')
+    padded = next(n for n in self.row_counts() if n >= len(rows))
     outputs = self.decode_ids(source_batches.pad_rows(rows, width, padded),
                               beam_size)
     return [self.tokenizer.decode(outputs[r]) for r in range(len(rows))]

@@ -1,0 +1,173 @@
+"""The translation service under load, and its cold start.
+
+    python -m experiments.benchmark.serving --workdir=workdir/toy
+    python -m experiments.benchmark.serving --workdir=DIR --requests=400 \\
+        --json=serving.json
+
+Exports the workdir's translator, then measures, in one run:
+
+- cold start, in fresh processes (alternating, median of ``--cold_reps``):
+  from the interpreter's start to the first translation, (a) loading the
+  exported artifact (``xfmr_jax.serving.load``) and (b) building the model
+  and restoring the checkpoint (``Translator.from_workdir``);
+- requests/s and p50/p99 latency of ``POST /translate`` (one test sentence per
+  request, the artifact's default beam) at concurrency 1, 8 and 32, against
+  the service with dynamic batching and against the same service limited to
+  one sentence per decoder call (``--max_batch=1``), so the speed-up of
+  batching is measured side by side. The service compiles every batch size
+  before it starts (``--warm_up``) and each level runs briefly untimed first.
+
+The load generator (httpx) runs in this process on the same machine.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import numpy as np
+
+from experiments.benchmark.common import machine
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+COLD = {
+    'artifact': ('from xfmr_jax import serving; '
+                 't = serving.load({path!r}); t(["{text}"])'),
+    'checkpoint': ('from xfmr_jax.translate import Translator; '
+                   't = Translator.from_workdir({path!r}); t(["{text}"])'),
+}
+
+
+def cold_start(kind: str, path: str, text: str) -> float:
+  """Seconds from a fresh interpreter to its first translation."""
+  start = time.perf_counter()
+  subprocess.run([sys.executable, '-c', COLD[kind].format(path=path, text=text)],
+                 check=True, cwd=ROOT, capture_output=True)
+  return time.perf_counter() - start
+
+
+def _start_service(artifact: str, port: int, *extra: str):
+  proc = subprocess.Popen(
+      [sys.executable, '-m', 'experiments.serve', f'--artifact={artifact}',
+       f'--port={port}', '--warm_up', *extra], cwd=ROOT,
+      stdout=subprocess.DEVNULL)
+  url = f'http://127.0.0.1:{port}'
+  for _ in range(3000):
+    try:
+      if httpx.get(url + '/health').status_code == 200:
+        return proc, url
+    except httpx.TransportError:
+      time.sleep(0.1)
+  proc.kill()
+  raise RuntimeError('the service did not start')
+
+
+async def _load(url: str, texts: list[str], concurrency: int, requests: int):
+  """Latencies (s) of ``requests`` one-sentence requests and the wall time."""
+  latencies, todo = [], list(range(requests))
+  limits = httpx.Limits(max_connections=concurrency)
+  async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+    async def worker():
+      while todo:
+        text = texts[todo.pop() % len(texts)]
+        start = time.perf_counter()
+        r = await client.post(url + '/translate', json={'texts': [text]})
+        r.raise_for_status()
+        latencies.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+  return latencies, time.perf_counter() - start
+
+
+def load_levels(url: str, texts: list[str], levels, requests: int) -> dict:
+  rows = {}
+  for concurrency in levels:
+    n = max(requests // 4, concurrency) if concurrency == 1 else requests
+    asyncio.run(_load(url, texts, concurrency, min(n, 4 * concurrency)))
+    latencies, wall = asyncio.run(_load(url, texts, concurrency, n))
+    ms = np.asarray(latencies) * 1e3
+    rows[concurrency] = dict(requests=n, requests_per_s=n / wall,
+                             p50_ms=float(np.percentile(ms, 50)),
+                             p99_ms=float(np.percentile(ms, 99)))
+  metrics = httpx.get(url + '/metrics').json()
+  rows['mean_batch_size'] = metrics['mean_batch_size']
+  return rows
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(prog='python -m experiments.benchmark.serving')
+  p.add_argument('--workdir', required=True, help='a trained toy workdir')
+  p.add_argument('--requests', type=int, default=256,
+                 help='timed requests per level (a quarter at concurrency 1)')
+  p.add_argument('--levels', default='1,8,32')
+  p.add_argument('--cold_reps', type=int, default=3)
+  p.add_argument('--port', type=int, default=8731)
+  p.add_argument('--json', default=None)
+  args = p.parse_args(argv)
+  from xfmr_jax import data, export, run_dir
+  config = run_dir.read_config(args.workdir)
+  test = data.get_source(config['dataset'], 'test', config['data_dir'] or None)
+  texts = [test[i][0] for i in range(min(len(test), 512))]
+  artifact = os.path.join(tempfile.mkdtemp(), 'artifact')
+  start = time.perf_counter()
+  # The default beam only, and the buckets the toy test sentences need, so
+  # that the service's warm-up compiles few executables.
+  manifest = export.export_workdir(args.workdir, artifact, beam_sizes=(4,),
+                                   buckets=(16, 32, 64),
+                                   progress=lambda line: None)
+  result = dict(machine=machine(), export_s=time.perf_counter() - start,
+                beam_size=manifest['beam_sizes'][0], cold_start_s={})
+  samples = {kind: [] for kind in COLD}
+  for _ in range(args.cold_reps):
+    for kind, path in (('artifact', artifact), ('checkpoint', args.workdir)):
+      samples[kind].append(cold_start(kind, path, texts[0]))
+  result['cold_start_s'] = {k: statistics.median(v) for k, v in samples.items()}
+  levels = [int(c) for c in args.levels.split(',')]
+  for name, extra in (('batched', ()), ('one_at_a_time', ('--max_batch=1',))):
+    proc, url = _start_service(artifact, args.port, *extra)
+    try:
+      result[name] = load_levels(url, texts, levels, args.requests)
+    finally:
+      proc.terminate()
+      proc.wait()
+  result['batching_speedup'] = {
+      c: result['batched'][c]['requests_per_s']
+      / result['one_at_a_time'][c]['requests_per_s'] for c in levels}
+  print(format_table(result, levels))
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(result, f, indent=2)
+  return result
+
+
+def format_table(result: dict, levels) -> str:
+  lines = [f"machine: {result['machine']}",
+           f"beam {result['beam_size']}; export {result['export_s']:.1f} s; "
+           f"cold start to the first translation: artifact "
+           f"{result['cold_start_s']['artifact']:.1f} s, checkpoint "
+           f"{result['cold_start_s']['checkpoint']:.1f} s",
+           '| concurrency | batched req/s | p50 ms | p99 ms | one-at-a-time '
+           'req/s | p50 ms | p99 ms | speed-up |',
+           '|---:|---:|---:|---:|---:|---:|---:|---:|']
+  for c in levels:
+    b, o = result['batched'][c], result['one_at_a_time'][c]
+    lines.append(f"| {c} | {b['requests_per_s']:.1f} | {b['p50_ms']:.0f} | "
+                 f"{b['p99_ms']:.0f} | {o['requests_per_s']:.1f} | "
+                 f"{o['p50_ms']:.0f} | {o['p99_ms']:.0f} | "
+                 f"{result['batching_speedup'][c]:.2f}x |")
+  lines.append(f"mean batch size: batched {result['batched']['mean_batch_size']}"
+               f", one-at-a-time {result['one_at_a_time']['mean_batch_size']}")
+  return '\n'.join(lines)
+
+
+if __name__ == '__main__':
+  main()
