@@ -32,8 +32,10 @@ _PORT = flags.DEFINE_integer('port', 8000, 'Port to listen on.')
 _MAX_BATCH = flags.DEFINE_integer('max_batch', None,
                                   'Sentences per decoder call (default: the '
                                   'artifact\'s batch size).')
-_MAX_WAIT = flags.DEFINE_float('max_wait_ms', 5.0,
-                               'How long a sentence waits to fill a batch.')
+_MAX_WAIT = flags.DEFINE_float('max_wait_ms', 0.0,
+                               'How long an idle decoder waits for a batch to '
+                               'fill (0: start at once; batches still form '
+                               'under load).')
 _MAX_TEXTS = flags.DEFINE_integer('max_texts', 64, 'Texts per request.')
 _MAX_CHARS = flags.DEFINE_integer('max_chars', 4000, 'Characters per text.')
 _MAX_BODY = flags.DEFINE_integer('max_body_bytes', 1 << 20,

@@ -92,7 +92,8 @@ def export_translator(model: SequenceModel, params, tokenizer: Tokenizer,
     beam_sizes: decoders to export; 1 is greedy. The first is the default.
     batch_size: the most sentences the loaded translator decodes per call.
     platforms: lowering targets (default :func:`default_platforms`).
-    buckets: source widths (default every bucket up to the model maximum).
+    buckets: source widths (default every bucket up to the model maximum);
+      the largest is the longest input the loaded translator takes.
     progress: called with one line per exported module.
 
   Returns:
@@ -148,7 +149,7 @@ def export_translator(model: SequenceModel, params, tokenizer: Tokenizer,
       jax_version=jax.__version__, jaxlib_version=jaxlib.__version__,
       calling_convention_version=exported.calling_convention_version,
       platforms=platforms, model_kind=config.model_kind,
-      vocab_size=tokenizer.vocab_size, max_input=max_input, buckets=widths,
+      vocab_size=tokenizer.vocab_size, max_input=widths[-1], buckets=widths,
       beam_sizes=beam_sizes, alpha=alpha, max_decode_extra=max_decode_extra,
       batch_size=batch_size, modules=modules,
       params=[dict(shape=list(x.shape), dtype=str(x.dtype)) for x in leaves],

@@ -16,8 +16,10 @@ Endpoints:
 Sentences of concurrent requests are batched dynamically: each goes to the
 queue of its (beam size, source bucket), and one decoding thread takes the
 queue whose oldest sentence has waited longest, once it holds ``max_batch``
-sentences or its oldest has waited ``max_wait_ms``. Under load the decoder is
-busy while sentences queue up, so batches grow with the load.
+sentences or its oldest has waited ``max_wait_ms``. With the default wait of 0
+an idle decoder starts at once (no added latency at low load), and while it
+decodes, the sentences that arrive queue up and form the next batch, so
+batches grow with the load.
 
 Bad requests get a 4xx and ``{"error": message}``; the service keeps serving.
 Needs starlette (and an ASGI server such as uvicorn to run it), no model code.
@@ -222,13 +224,13 @@ def parse_request(body: bytes, *, beam_sizes: Sequence[int], max_texts: int,
 
 
 def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
-             max_wait_ms: float = 5.0, max_texts: int = 64,
+             max_wait_ms: float = 0.0, max_texts: int = 64,
              max_chars: int = 4000, max_body_bytes: int = 1 << 20) -> Starlette:
   """The service's Starlette app (see the module docstring).
 
   Args:
     max_batch: sentences per decoder call (default: the artifact's).
-    max_wait_ms: how long a sentence waits for others to fill its batch.
+    max_wait_ms: how long an idle decoder waits for a batch to fill.
     max_texts, max_chars, max_body_bytes: request limits (413 beyond them).
   """
   max_batch = min(max_batch or translator.batch_size, translator.batch_size)

@@ -11,7 +11,7 @@ Exports the workdir's translator, then measures, in one run:
   exported artifact (``xfmr_jax.serving.load``) and (b) building the model
   and restoring the checkpoint (``Translator.from_workdir``);
 - requests/s and p50/p99 latency of ``POST /translate`` (one test sentence per
-  request, the artifact's default beam) at concurrency 1, 8 and 32, against
+  request, beam 4 and greedy) at concurrency 1, 8 and 32, against
   the service with dynamic batching and against the same service limited to
   one sentence per decoder call (``--max_batch=1``), so the speed-up of
   batching is measured side by side. The service compiles every batch size
@@ -71,7 +71,8 @@ def _start_service(artifact: str, port: int, *extra: str):
   raise RuntimeError('the service did not start')
 
 
-async def _load(url: str, texts: list[str], concurrency: int, requests: int):
+async def _load(url: str, texts: list[str], concurrency: int, requests: int,
+                beam_size: int):
   """Latencies (s) of ``requests`` one-sentence requests and the wall time."""
   latencies, todo = [], list(range(requests))
   limits = httpx.Limits(max_connections=concurrency)
@@ -80,7 +81,8 @@ async def _load(url: str, texts: list[str], concurrency: int, requests: int):
       while todo:
         text = texts[todo.pop() % len(texts)]
         start = time.perf_counter()
-        r = await client.post(url + '/translate', json={'texts': [text]})
+        r = await client.post(url + '/translate', json={
+            'texts': [text], 'beam_size': beam_size})
         r.raise_for_status()
         latencies.append(time.perf_counter() - start)
     start = time.perf_counter()
@@ -88,18 +90,22 @@ async def _load(url: str, texts: list[str], concurrency: int, requests: int):
   return latencies, time.perf_counter() - start
 
 
-def load_levels(url: str, texts: list[str], levels, requests: int) -> dict:
+def load_levels(url: str, texts: list[str], levels, requests: int,
+                beam_size: int) -> dict:
   rows = {}
   for concurrency in levels:
     n = max(requests // 4, concurrency) if concurrency == 1 else requests
-    asyncio.run(_load(url, texts, concurrency, min(n, 4 * concurrency)))
-    latencies, wall = asyncio.run(_load(url, texts, concurrency, n))
+    asyncio.run(_load(url, texts, concurrency, min(n, 4 * concurrency),
+                      beam_size))
+    before = httpx.get(url + '/metrics').json()
+    latencies, wall = asyncio.run(_load(url, texts, concurrency, n, beam_size))
+    after = httpx.get(url + '/metrics').json()
     ms = np.asarray(latencies) * 1e3
-    rows[concurrency] = dict(requests=n, requests_per_s=n / wall,
-                             p50_ms=float(np.percentile(ms, 50)),
-                             p99_ms=float(np.percentile(ms, 99)))
-  metrics = httpx.get(url + '/metrics').json()
-  rows['mean_batch_size'] = metrics['mean_batch_size']
+    rows[concurrency] = dict(
+        requests=n, requests_per_s=n / wall,
+        p50_ms=float(np.percentile(ms, 50)),
+        p99_ms=float(np.percentile(ms, 99)),
+        mean_batch=n / max(after['batches'] - before['batches'], 1))
   return rows
 
 
@@ -121,51 +127,53 @@ def main(argv=None) -> dict:
   start = time.perf_counter()
   # The default beam only, and the buckets the toy test sentences need, so
   # that the service's warm-up compiles few executables.
-  manifest = export.export_workdir(args.workdir, artifact, beam_sizes=(4,),
+  manifest = export.export_workdir(args.workdir, artifact, beam_sizes=(4, 1),
                                    buckets=(16, 32, 64),
                                    progress=lambda line: None)
   result = dict(machine=machine(), export_s=time.perf_counter() - start,
-                beam_size=manifest['beam_sizes'][0], cold_start_s={})
+                cold_start_s={})
   samples = {kind: [] for kind in COLD}
   for _ in range(args.cold_reps):
     for kind, path in (('artifact', artifact), ('checkpoint', args.workdir)):
       samples[kind].append(cold_start(kind, path, texts[0]))
   result['cold_start_s'] = {k: statistics.median(v) for k, v in samples.items()}
   levels = [int(c) for c in args.levels.split(',')]
+  beams = manifest['beam_sizes']
   for name, extra in (('batched', ()), ('one_at_a_time', ('--max_batch=1',))):
     proc, url = _start_service(artifact, args.port, *extra)
     try:
-      result[name] = load_levels(url, texts, levels, args.requests)
+      result[name] = {beam: load_levels(url, texts, levels, args.requests,
+                                        beam) for beam in beams}
     finally:
       proc.terminate()
       proc.wait()
   result['batching_speedup'] = {
-      c: result['batched'][c]['requests_per_s']
-      / result['one_at_a_time'][c]['requests_per_s'] for c in levels}
-  print(format_table(result, levels))
+      beam: {c: result['batched'][beam][c]['requests_per_s']
+             / result['one_at_a_time'][beam][c]['requests_per_s']
+             for c in levels} for beam in beams}
+  print(format_table(result, levels, beams))
   if args.json:
     with open(args.json, 'w') as f:
       json.dump(result, f, indent=2)
   return result
 
 
-def format_table(result: dict, levels) -> str:
+def format_table(result: dict, levels, beams) -> str:
   lines = [f"machine: {result['machine']}",
-           f"beam {result['beam_size']}; export {result['export_s']:.1f} s; "
-           f"cold start to the first translation: artifact "
-           f"{result['cold_start_s']['artifact']:.1f} s, checkpoint "
-           f"{result['cold_start_s']['checkpoint']:.1f} s",
-           '| concurrency | batched req/s | p50 ms | p99 ms | one-at-a-time '
-           'req/s | p50 ms | p99 ms | speed-up |',
-           '|---:|---:|---:|---:|---:|---:|---:|---:|']
-  for c in levels:
-    b, o = result['batched'][c], result['one_at_a_time'][c]
-    lines.append(f"| {c} | {b['requests_per_s']:.1f} | {b['p50_ms']:.0f} | "
-                 f"{b['p99_ms']:.0f} | {o['requests_per_s']:.1f} | "
-                 f"{o['p50_ms']:.0f} | {o['p99_ms']:.0f} | "
-                 f"{result['batching_speedup'][c]:.2f}x |")
-  lines.append(f"mean batch size: batched {result['batched']['mean_batch_size']}"
-               f", one-at-a-time {result['one_at_a_time']['mean_batch_size']}")
+           f"export {result['export_s']:.1f} s; cold start to the first "
+           f"translation: artifact {result['cold_start_s']['artifact']:.1f} s, "
+           f"checkpoint {result['cold_start_s']['checkpoint']:.1f} s",
+           '| beam | concurrency | batched req/s | p50 ms | p99 ms | mean batch '
+           '| one-at-a-time req/s | p50 ms | p99 ms | speed-up |',
+           '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
+  for beam in beams:
+    for c in levels:
+      b, o = result['batched'][beam][c], result['one_at_a_time'][beam][c]
+      lines.append(
+          f"| {beam} | {c} | {b['requests_per_s']:.1f} | {b['p50_ms']:.0f} | "
+          f"{b['p99_ms']:.0f} | {b['mean_batch']:.1f} | "
+          f"{o['requests_per_s']:.1f} | {o['p50_ms']:.0f} | {o['p99_ms']:.0f} "
+          f"| {result['batching_speedup'][beam][c]:.2f}x |")
   return '\n'.join(lines)
 
 
