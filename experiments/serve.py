@@ -43,6 +43,10 @@ _MAX_BODY = flags.DEFINE_integer('max_body_bytes', 1 << 20,
 _WARM_UP = flags.DEFINE_bool('warm_up', False,
                               'Compile every beam size, bucket and batch size '
                               'before accepting requests.')
+_CACHE = flags.DEFINE_string('compilation_cache_dir', None,
+                             'Keep compiled executables in this folder (jax\'s '
+                             'persistent cache), so a restart skips compiling. '
+                             'Only use a folder no one untrusted can write to.')
 _GRACE = flags.DEFINE_integer('shutdown_timeout', 60,
                               'Seconds to finish in-flight requests on SIGTERM.')
 
@@ -72,6 +76,11 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger().setLevel(logging.WARNING)
   import uvicorn
+  if _CACHE.value:
+    import jax
+    jax.config.update('jax_compilation_cache_dir', _CACHE.value)
+    jax.config.update('jax_persistent_cache_min_entry_size_bytes', -1)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
   from xfmr_jax import serving, service
   path = _ARTIFACT.value
   if path is None:
