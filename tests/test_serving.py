@@ -100,6 +100,11 @@ def test_output_ids_equal_translator_token_for_token(artifact, trained_workdir,
                                   translator.decode_ids(inputs))
 
 
+def _model_params_tokenizer(workdir):
+  from xfmr_jax import run_dir
+  return run_dir.load_for_inference(str(workdir))[:3]
+
+
 def _copy(artifact, tmp_path):
   dst = tmp_path / 'copy'
   shutil.copytree(artifact, dst)
@@ -161,9 +166,14 @@ def test_export_cli_and_its_errors(trained_workdir, tmp_path):
     return subprocess.run([sys.executable, '-m', 'experiments.export', *args],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
   out = tmp_path / 'art'
-  run = cli(f'--workdir={trained_workdir}', f'--out={out}', '--beam_sizes=1')
+  run = cli(f'--workdir={trained_workdir}', f'--out={out}', '--beam_sizes=1',
+            '--platforms=cpu,cuda,tpu')  # lowering needs no such device
   assert run.returncode == 0, run.stderr[-2000:]
   assert 'wrote' in run.stdout and (out / 'translate_b1_s16.jaxexport').exists()
+  manifest = json.loads((out / 'manifest.json').read_text())
+  assert manifest['platforms'] == ['cpu', 'cuda', 'tpu']
+  assert serving.load(str(out))(['drag'], beam_size=1)[0] == Translator(
+      *_model_params_tokenizer(trained_workdir))(['drag'])[0]
   for args, message in [
       ([f'--workdir={tmp_path}/none'], 'is not a directory'),
       ([f'--workdir={tmp_path}'], 'is not a training workdir'),
