@@ -42,3 +42,13 @@ def trained_workdir(data_dir, tmp_path_factory):
                    num_decoder_layers=2, d_ff=256, max_len=128)
   training_loop.train_and_evaluate(cfg, str(wd))
   return wd
+
+
+@pytest.fixture(scope='session')
+def exported_artifact(trained_workdir, tmp_path_factory):
+  """``trained_workdir`` exported with beam sizes 4 and 1, batch size 8."""
+  from xfmr_jax import export
+  out = tmp_path_factory.mktemp('export') / 'artifact'
+  export.export_workdir(str(trained_workdir), str(out), beam_sizes=(4, 1),
+                        batch_size=8, progress=lambda line: None)
+  return out

@@ -14,7 +14,7 @@ import pytest
 
 httpx = pytest.importorskip('httpx')
 
-from xfmr_jax import data, export  # noqa: E402
+from xfmr_jax import data  # noqa: E402
 from xfmr_jax.service import Batcher  # noqa: E402
 from xfmr_jax.translate import Translator  # noqa: E402
 
@@ -56,11 +56,8 @@ def _service(*args, ready_timeout=240):
 
 
 @pytest.fixture(scope='module')
-def artifact(trained_workdir, tmp_path_factory):
-  out = tmp_path_factory.mktemp('export') / 'artifact'
-  export.export_workdir(str(trained_workdir), str(out), beam_sizes=(4, 1),
-                        batch_size=16, progress=lambda line: None)
-  return out
+def artifact(exported_artifact):
+  return exported_artifact
 
 
 @pytest.fixture(scope='module')

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from xfmr_jax import data, export, serving
+from xfmr_jax import data, serving
 from xfmr_jax.translate import Translator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -39,11 +39,8 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope='module')
-def artifact(trained_workdir, tmp_path_factory):
-  out = tmp_path_factory.mktemp('export') / 'artifact'
-  export.export_workdir(str(trained_workdir), str(out), beam_sizes=(4, 1),
-                        batch_size=8, progress=lambda line: None)
-  return out
+def artifact(exported_artifact):
+  return exported_artifact
 
 
 @pytest.fixture(scope='module')

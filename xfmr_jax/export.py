@@ -21,7 +21,6 @@ An artifact is a folder:
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -37,11 +36,9 @@ from jax import export as jax_export
 
 from xfmr_jax import decode, run_dir, source_batches
 from xfmr_jax.model import SequenceModel
+from xfmr_jax.serving import FORMAT, MANIFEST, PARAMS, sha256
 from xfmr_jax.tokenizer import MODEL_FILENAME, Tokenizer
 
-FORMAT = 1
-MANIFEST = 'manifest.json'
-PARAMS = 'params.npz'
 PLATFORMS = ('cpu', 'cuda', 'rocm', 'tpu')
 
 
@@ -54,14 +51,6 @@ def default_platforms() -> list[str]:
   here = jax.default_backend()
   here = 'cuda' if here == 'gpu' else here
   return ['cpu'] + ([here] if here != 'cpu' else [])
-
-
-def _sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for block in iter(lambda: f.read(1 << 20), b''):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def _decode_fn(model: SequenceModel, treedef, beam_size: int, alpha: float,
@@ -153,7 +142,7 @@ def export_translator(model: SequenceModel, params, tokenizer: Tokenizer,
       beam_sizes=beam_sizes, alpha=alpha, max_decode_extra=max_decode_extra,
       batch_size=batch_size, modules=modules,
       params=[dict(shape=list(x.shape), dtype=str(x.dtype)) for x in leaves],
-      sha256={name: _sha256(os.path.join(tmp, name)) for name in files})
+      sha256={name: sha256(os.path.join(tmp, name)) for name in files})
   with open(os.path.join(tmp, MANIFEST), 'w') as f:
     json.dump(manifest, f, indent=2)
   shutil.rmtree(out_dir, ignore_errors=True)

@@ -28,8 +28,9 @@ from xfmr_jax import source_batches
 from xfmr_jax.source_batches import InputTooLong
 from xfmr_jax.tokenizer import Tokenizer, TokenizerError
 
-FORMAT = 1  # the artifact layout this module reads (xfmr_jax.export.FORMAT)
+FORMAT = 1  # the artifact layout (written by xfmr_jax.export)
 MANIFEST = 'manifest.json'
+PARAMS = 'params.npz'
 
 __all__ = ['ArtifactError', 'ExportedTranslator', 'InputTooLong', 'load']
 
@@ -38,7 +39,8 @@ class ArtifactError(ValueError):
   """A missing, damaged or incompatible exported translator."""
 
 
-def _sha256(path: str) -> str:
+def sha256(path: str) -> str:
+  """Hex SHA-256 of a file (the manifest's checksums)."""
   digest = hashlib.sha256()
   with open(path, 'rb') as f:
     for block in iter(lambda: f.read(1 << 20), b''):
@@ -62,7 +64,7 @@ def _read_manifest(path: str) -> dict:
       file = os.path.join(path, name)
       if not os.path.isfile(file):
         raise ArtifactError(f'{path}: {name} is missing')
-      if _sha256(file) != digest:
+      if sha256(file) != digest:
         raise ArtifactError(f'{path}: {name} is damaged (its SHA-256 differs '
                             'from the manifest); export it again')
   except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -84,7 +86,7 @@ def _check_calling_convention(manifest: dict) -> None:
 
 
 def _load_params(path: str, manifest: dict) -> list[np.ndarray]:
-  with np.load(os.path.join(path, 'params.npz'), allow_pickle=False) as npz:
+  with np.load(os.path.join(path, PARAMS), allow_pickle=False) as npz:
     leaves = [npz[f'{i:05d}'] for i in range(len(manifest['params']))]
   # numpy stores bfloat16 as raw 2-byte records: view them as the dtype again.
   return [x if str(x.dtype) == spec['dtype']
