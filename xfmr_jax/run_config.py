@@ -104,10 +104,12 @@ def validate_config(config) -> None:
       if not os.path.exists(path):
         raise ConfigError(f'config.dataset: data file {path!r} does not exist')
   elif not (config.dataset.split('/')[0] in ('toy_translate', 'wmt14_translate',
-                                             'wmt17_translate')):
+                                             'wmt17_translate',
+                                             'wmt_t2t_translate')):
     raise ConfigError(f'config.dataset={config.dataset!r} is unknown; use '
                       "'toy_translate', 'wmt14_translate/de-en', "
-                      "'wmt17_translate/de-en', 'tsv:PATH' or 'files:SRC,TGT'")
+                      "'wmt17_translate/de-en', 'wmt_t2t_translate/de-en', "
+                      "'tsv:PATH' or 'files:SRC,TGT'")
 
 
 def check_resumable(saved: dict, config_json: dict, workdir: str) -> None:
