@@ -273,10 +273,13 @@ def _final_eval(config, model, state, tokenizer, eval_fn, writer, step,
     print(f"test ({config.test_split}, {len(samples)} sentences): BLEU "
           f"{metrics['bleu']:.2f}, exact match {metrics['exact_match']:.4f}, "
           f"loss {metrics['loss']:.4f}, perplexity "
-          f"{metrics['perplexity']:.3f}")
+          f"{metrics['perplexity']:.3f}\n"
+          f"sacreBLEU signature: {metrics['bleu_signature']}")
     if config.num_print_samples:
       print(evaluation.format_samples(samples, config.num_print_samples))
   return {'eval_loss': metrics['loss'], 'eval_nll': metrics['nll'],
           'eval_perplexity': metrics['perplexity'],
           'eval_accuracy': metrics['accuracy'], 'bleu': metrics['bleu'],
+          'bleu_signature': metrics['bleu_signature'],
+          'test_split': config.test_split, 'test_sentences': len(samples),
           'exact_match': metrics['exact_match']}
