@@ -153,13 +153,31 @@ def _grain_packed(source, tokenizer, *, batch_size, max_length, seed):
   return iter(packed.batch(batch_size))
 
 
+def _stages(source, tokenizer, chunks: int = 20) -> dict:
+  """Random 256-pair reads alone, then SentencePiece alone on what they read:
+  which of the two a packed batch waits for."""
+  from xfmr_jax.data import pipeline
+  rng = np.random.default_rng(1)
+  t0, pairs = time.perf_counter(), []
+  for _ in range(chunks):
+    idx = rng.integers(0, len(source), pipeline.READ_CHUNK).tolist()
+    pairs += pipeline.read_pairs(source, idx)
+  read_s = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  tokens = sum(len(s) + len(t)
+               for s, t in pipeline.tokenize_pairs(pairs, tokenizer))
+  return dict(read_pairs_per_s=len(pairs) / read_s,
+              tokenize_tokens_per_s=tokens / (time.perf_counter() - t0))
+
+
 def bench(source, tokenizer, args) -> dict:
   from xfmr_jax import data
   make = lambda: data.make_train_iterator(
       source, tokenizer, batch_size=args.batch_size,
       max_length=args.max_length, seed=0, prefetch=False, shard_index=0,
       shard_count=1)
-  out = dict(ours=_throughput(make(), args.batches))
+  out = dict(stages=_stages(source, tokenizer),
+             ours=_throughput(make(), args.batches))
   out['ours'].update(_resume(make, args.resume_after, 3))
   make_grain = lambda: _grain_packed(source, tokenizer,
                                      batch_size=args.batch_size,
@@ -215,6 +233,10 @@ def main(argv=None):
     before = rss_bytes()
     result[kind].update(bench(src, tokenizer, args))
     result[kind]['pipeline_held_bytes'] = rss_bytes() - before
+    st = result[kind]['stages']
+    print(f"{kind}: random reads {st['read_pairs_per_s']:,.0f} pairs/s; "
+          f"SentencePiece {st['tokenize_tokens_per_s']:,.0f} tokens/s",
+          flush=True)
     for name in ('ours', 'grain_first_fit'):
       r = result[kind][name]
       print(f"{kind} {name}: {r['tokens_per_s']:,.0f} tokens/s, packing "
