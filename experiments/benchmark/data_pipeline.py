@@ -9,7 +9,8 @@ then measures on one process and one core (``prefetch=False``, no threads):
 * tokenizer training time on the configs' sample (``tokenizer_max_sentences``);
 * packed-batch throughput of ``make_train_iterator``: non-padding tokens/s
   (source + target) and packing efficiency (non-padding share of the rows);
-* the memory the source and iterator hold (resident-set growth);
+* the memory the source and iterator hold (growth of resident anonymous
+  memory: mapped file pages are page cache, not counted);
 * resuming mid-epoch: ``set_state`` on a fresh iterator, time to its first
   batch, and whether the batches that follow are identical;
 * the same tokenised stream packed by ``grain.experimental.FirstFitPackIterDataset``
@@ -27,7 +28,17 @@ import time
 
 import numpy as np
 
-from experiments.benchmark.common import machine, rss_bytes
+from experiments.benchmark.common import machine
+
+
+def anon_bytes() -> int:
+  """Resident anonymous memory: what the process holds, without the pages
+  of files it maps (those are the page cache's, given back under pressure)."""
+  with open('/proc/self/status') as f:
+    for line in f:
+      if line.startswith('RssAnon:'):
+        return int(line.split()[1]) * 1024
+  raise OSError('no RssAnon in /proc/self/status')
 
 
 def _words(n: int, rng) -> np.ndarray:
@@ -211,13 +222,13 @@ def main(argv=None):
         f"TSV ({result['corpus_s']:.0f} s)", flush=True)
   sources = {}
   for kind in args.sources.split(','):
-    before = rss_bytes()
+    before = anon_bytes()
     t0 = time.perf_counter()
     src = (ArrayRecordPairs(paths['array_record']) if kind == 'array_record'
            else TextPairSource(paths['tsv']))
     sources[kind] = src
     result[kind] = dict(open_s=time.perf_counter() - t0,
-                        held_bytes=rss_bytes() - before)
+                        held_bytes=anon_bytes() - before)
     print(f"{kind}: opened in {result[kind]['open_s']:.1f} s, holds "
           f"{result[kind]['held_bytes'] / 1e6:.0f} MB", flush=True)
   src = next(iter(sources.values()))
@@ -230,9 +241,9 @@ def main(argv=None):
   print(f"tokenizer: {args.vocab_size} BPE pieces from {2 * n} sentences in "
         f"{result['tokenizer_s']:.1f} s", flush=True)
   for kind, src in sources.items():
-    before = rss_bytes()
+    before = anon_bytes()
     result[kind].update(bench(src, tokenizer, args))
-    result[kind]['pipeline_held_bytes'] = rss_bytes() - before
+    result[kind]['pipeline_held_bytes'] = anon_bytes() - before
     st = result[kind]['stages']
     print(f"{kind}: random reads {st['read_pairs_per_s']:,.0f} pairs/s; "
           f"SentencePiece {st['tokenize_tokens_per_s']:,.0f} tokens/s",
