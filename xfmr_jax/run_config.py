@@ -23,7 +23,7 @@ _POSITIVE = ('vocab_size', 'max_length', 'eval_max_length', 'batch_size',
              'eval_batches', 'grad_accum_steps', 'beam_size',
              'tokenizer_max_sentences')
 _NON_NEGATIVE = ('max_decode_extra', 'bleu_samples', 'test_samples',
-                 'num_print_samples')
+                 'num_print_samples', 'data_workers')
 # float field -> (lowest, highest, whether the lowest is allowed)
 _RANGES = {'lr_scale': (0.0, float('inf'), False),
            'beam_alpha': (0.0, float('inf'), True),

@@ -113,7 +113,8 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
   train_iter = data.make_train_iterator(
       train_source, tokenizer, batch_size=per_process,
       max_length=config.max_length, seed=config.seed,
-      length_policy=config.length_policy, pack=config.pack)
+      length_policy=config.length_policy, pack=config.pack,
+      num_workers=config.data_workers)
   eval_batches = data.make_eval_batches(
       eval_source, tokenizer, batch_size=config.eval_batch_size,
       max_length=config.eval_max_length,
@@ -232,6 +233,7 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
       bar.update(1)
   finally:
     bar.close()
+    train_iter.close()  # stops its worker processes, if any
     ckpt.close()  # waits for the last save
 
   def stopped():
