@@ -151,3 +151,20 @@ def test_each_timed_run_starts_after_a_pause():
   gaps = [t1 - t0 for (_, t0), (_, t1) in zip(stamps, stamps[1:])]
   assert min(gaps) >= 0.03
   assert all(len(ts) == 2 and max(ts) < 0.03 for ts in times.values())
+
+
+def test_data_pipeline_benchmark_quick(tmp_path):
+  from experiments.benchmark import data_pipeline
+  out = data_pipeline.main([
+      '--pairs', '3000', '--dir', str(tmp_path / 'corpus'), '--vocab_size',
+      '500', '--tokenizer_sentences', '2000', '--batch_size', '8',
+      '--max_length', '64', '--batches', '3', '--resume_after', '2',
+      '--json', str(tmp_path / 'data.json')])
+  assert json.load(open(tmp_path / 'data.json'))['pairs'] == 3000
+  lines = (tmp_path / 'corpus' / 'train.tsv').read_text().splitlines()
+  assert len(lines) == 3000 and all(l.count('\t') == 1 for l in lines)
+  for kind in ('array_record', 'tsv'):
+    for packer in ('ours', 'grain_first_fit'):
+      r = out[kind][packer]
+      assert r['exact'], (kind, packer)  # resumed mid-epoch, same batches
+      assert 0.5 < r['packing_efficiency'] <= 1 and r['tokens_per_s'] > 0

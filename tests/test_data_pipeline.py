@@ -151,3 +151,34 @@ def test_throughput_is_far_above_need(toy):
     b = next(it)
     tokens += int((b['inputs'] > 0).sum() + (b['targets'] > 0).sum())
   assert tokens / (time.perf_counter() - start) > 20_000
+
+
+def test_worker_processes_give_the_same_batches_and_resume_exactly(tmp_path):
+  lines = [f'quelle {i} {"wort " * (i % 9)}\tziel {i} {"word " * (i % 7)}'
+           for i in range(3000)]
+  path = tmp_path / 'train.tsv'
+  path.write_text('\n'.join(lines) + '\n')
+  src = data.TextPairSource(str(path))
+  tok = Tokenizer.train([t for p in src.__getitems__(range(3000)) for t in p],
+                        vocab_size=200)
+  make = lambda: data.make_train_iterator(src, tok, batch_size=8, max_length=32,
+                                          seed=3, shard_index=0,
+                                          shard_count=1, num_workers=2)
+  a, b = make(), make()
+  try:
+    first = [next(a) for _ in range(4)]
+    assert all(np.array_equal(x[k], y[k]) for x, y in zip(first, [
+        next(b) for _ in range(4)]) for k in x)
+    state = json.loads(json.dumps(a.get_state()))
+    expected = [next(a) for _ in range(3)]
+  finally:
+    a.close()
+    b.close()
+  c = make()
+  try:
+    c.set_state(state)
+    got = [next(c) for _ in range(3)]
+  finally:
+    c.close()
+  assert all(np.array_equal(x[k], y[k]) for x, y in zip(expected, got)
+             for k in x)

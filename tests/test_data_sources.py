@@ -126,3 +126,22 @@ def test_empty_lines_are_skipped_and_counted(tmp_path, caplog):
       (2, 'empty line'), (3, 'empty line'), (4, 'empty target'),
       (5, 'empty source')]
   assert 'skipped 4 of 6 lines' in caplog.text and 'e.tsv:4' in caplog.text
+
+
+def test_a_tsv_source_holds_offsets_not_text(tmp_path):
+  # Each pair costs its 8-byte offset, whatever its length: a corpus of
+  # millions of pairs fits in tens of MB, and a worker process gets a copy of
+  # the source (pickled) that reads the same pairs.
+  import pickle
+  lines = [f'{"quelle " * (i % 40 + 1)}{i}\t{"target " * (i % 30 + 1)}{i}'
+           for i in range(5000)]
+  path = tmp_path / 'big.tsv'
+  _write(path, ('\n'.join(lines) + '\n').encode())
+  src = get_source(f'tsv:{path}', 'train', None)
+  blob = pickle.dumps(src)
+  assert len(blob) < 8 * len(src) + 4096 < path.stat().st_size // 10
+  copy = pickle.loads(blob)
+  for i in (0, 1234, 4999):
+    s, t = lines[i].split('\t')
+    assert copy[i] == src[i] == (s.strip(), t.strip())
+  assert copy.__getitems__([3, 1]) == [src[3], src[1]]

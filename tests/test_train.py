@@ -170,6 +170,7 @@ def test_nan_step_leaves_state_unchanged(data_dir, rng):
     ('dataset', 'imagenet', 'unknown'),
     ('dataset', 'tsv:/no/such/file.tsv', 'does not exist'),
     ('length_policy', 'drop', 'length_policy'),
+    ('data_workers', -1, 'data_workers'),
 ])
 def test_bad_configs_are_rejected(data_dir, field, value, message):
   cfg = tiny_config(data_dir)

@@ -23,7 +23,7 @@ _POSITIVE = ('vocab_size', 'max_length', 'eval_max_length', 'batch_size',
              'eval_batches', 'grad_accum_steps', 'beam_size',
              'tokenizer_max_sentences')
 _NON_NEGATIVE = ('max_decode_extra', 'bleu_samples', 'test_samples',
-                 'num_print_samples')
+                 'num_print_samples', 'data_workers')
 # float field -> (lowest, highest, whether the lowest is allowed)
 _RANGES = {'lr_scale': (0.0, float('inf'), False),
            'beam_alpha': (0.0, float('inf'), True),
@@ -104,10 +104,12 @@ def validate_config(config) -> None:
       if not os.path.exists(path):
         raise ConfigError(f'config.dataset: data file {path!r} does not exist')
   elif not (config.dataset.split('/')[0] in ('toy_translate', 'wmt14_translate',
-                                             'wmt17_translate')):
+                                             'wmt17_translate',
+                                             'wmt_t2t_translate')):
     raise ConfigError(f'config.dataset={config.dataset!r} is unknown; use '
                       "'toy_translate', 'wmt14_translate/de-en', "
-                      "'wmt17_translate/de-en', 'tsv:PATH' or 'files:SRC,TGT'")
+                      "'wmt17_translate/de-en', 'wmt_t2t_translate/de-en', "
+                      "'tsv:PATH' or 'files:SRC,TGT'")
 
 
 def check_resumable(saved: dict, config_json: dict, workdir: str) -> None:

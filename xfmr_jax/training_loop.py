@@ -113,7 +113,8 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
   train_iter = data.make_train_iterator(
       train_source, tokenizer, batch_size=per_process,
       max_length=config.max_length, seed=config.seed,
-      length_policy=config.length_policy, pack=config.pack)
+      length_policy=config.length_policy, pack=config.pack,
+      num_workers=config.data_workers)
   eval_batches = data.make_eval_batches(
       eval_source, tokenizer, batch_size=config.eval_batch_size,
       max_length=config.eval_max_length,
@@ -232,6 +233,7 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
       bar.update(1)
   finally:
     bar.close()
+    train_iter.close()  # stops its worker processes, if any
     ckpt.close()  # waits for the last save
 
   def stopped():
@@ -273,10 +275,13 @@ def _final_eval(config, model, state, tokenizer, eval_fn, writer, step,
     print(f"test ({config.test_split}, {len(samples)} sentences): BLEU "
           f"{metrics['bleu']:.2f}, exact match {metrics['exact_match']:.4f}, "
           f"loss {metrics['loss']:.4f}, perplexity "
-          f"{metrics['perplexity']:.3f}")
+          f"{metrics['perplexity']:.3f}\n"
+          f"sacreBLEU signature: {metrics['bleu_signature']}")
     if config.num_print_samples:
       print(evaluation.format_samples(samples, config.num_print_samples))
   return {'eval_loss': metrics['loss'], 'eval_nll': metrics['nll'],
           'eval_perplexity': metrics['perplexity'],
           'eval_accuracy': metrics['accuracy'], 'bleu': metrics['bleu'],
+          'bleu_signature': metrics['bleu_signature'],
+          'test_split': config.test_split, 'test_sentences': len(samples),
           'exact_match': metrics['exact_match']}

@@ -29,7 +29,9 @@ recomputation not counted). MFU = model FLOP/s / measured matmul FLOP/s.
 
 The parts: ``cli`` (the command line, run by ``__main__``), ``common`` (sizes,
 machine description, timing and FLOP counting), ``train``, ``torch_reference``,
-``decode``, ``gpu_check`` and ``report`` (tables and JSON).
+``decode``, ``gpu_check`` and ``report`` (tables and JSON). The input
+pipeline has its own command: ``python -m experiments.benchmark.data_pipeline``
+(docs/data.md).
 """
 import os
 

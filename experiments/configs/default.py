@@ -21,6 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval_max_length = 128      # tokens per evaluation row
   c.length_policy = 'filter'   # or 'truncate' pairs longer than max_length
   c.pack = True
+  c.data_workers = 0           # > 0: grain processes that read and tokenise
   # Tokenizer: trained on the train split unless tokenizer_path is given; it
   # is saved as <workdir>/tokenizer.model and reused when the run resumes.
   c.vocab_size = 1000

@@ -10,22 +10,19 @@ batched reads). ``dataset`` names it:
                                   for N training pairs from seed S.
   'wmt14_translate/de-en'         TFDS WMT, German->English; ``reverse=True``
   'wmt17_translate/de-en'         (or the name '.../en-de') gives English to
-                                  German.
+  'wmt_t2t_translate/de-en'       German.
   'tsv:/path/{split}.tsv'         ``source<TAB>target`` lines.
   'files:/path/{split}.src,/path/{split}.tgt'   two line-aligned files.
 
 For user files, ``{split}`` in a path is replaced by the split name; a path
 without it is the 'train' split only.
 
-Preparing WMT (needs internet, once, then copy ``DATA_DIR`` anywhere)::
+Preparing WMT (needs internet once, then copy ``DATA_DIR`` anywhere)::
 
-    tfds build wmt14_translate/de-en --file_format=array_record
+    python -m experiments.prepare_data --dataset=wmt14_translate/de-en \\
+        --data_dir=DATA_DIR
 
-with ``--data_dir=DATA_DIR`` (the same for wmt17_translate/de-en).
-
-The ``tfds`` command line needs TensorFlow installed; without it, the same
-from Python: ``tfds.builder('wmt14_translate/de-en', data_dir=DATA_DIR,
-file_format='array_record').download_and_prepare()``. Reading needs neither
+(`xfmr_jax.data.wmt_prepare`; no TensorFlow needed). Reading needs neither
 TensorFlow nor internet: ``tfds.data_source`` reads array_record files.
 """
 from __future__ import annotations
@@ -35,7 +32,8 @@ from typing import Sequence
 
 from xfmr_jax.data.text_files import DataError, TextPairSource
 
-WMT = ('wmt14_translate/de-en', 'wmt17_translate/de-en')
+WMT = ('wmt14_translate/de-en', 'wmt17_translate/de-en',
+       'wmt_t2t_translate/de-en')
 VALID = ("'toy_translate', 'toy_translate/<config>', "
          + ', '.join(repr(w) for w in WMT)
          + ", 'tsv:/path/{split}.tsv', "
@@ -81,8 +79,9 @@ def _tfds_split(builder, name: str, split: str):
   except (NotImplementedError, AssertionError, FileNotFoundError) as e:
     raise DataError(
         f'{name} is not prepared as array_record in data_dir '
-        f'{builder.data_dir!r}; see xfmr_jax.data.sources for how to build '
-        f'it ({type(e).__name__}: {str(e)[:200]})') from None
+        f'{builder.data_dir!r}; build it with python -m '
+        f'experiments.prepare_data --dataset={name} --data_dir=DATA_DIR '
+        f'({type(e).__name__}: {str(e)[:200]})') from None
 
 
 def _toy(name: str, split: str, data_dir, reverse: bool):
