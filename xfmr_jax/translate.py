@@ -14,7 +14,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from xfmr_jax import decode, run_dir
+from xfmr_jax import decode, hf_beam, run_dir
 from xfmr_jax.model import SequenceModel
 from xfmr_jax.token_ids import EOS
 from xfmr_jax.tokenizer import Tokenizer
@@ -32,6 +32,9 @@ class Translator:
   Args:
     model, params, tokenizer: the trained model.
     beam_size: 1 = greedy; otherwise beam search with length penalty ``alpha``.
+    beam_rules: 'gnmt' (:func:`xfmr_jax.decode.beam_search`) or 'hf'
+      (:func:`xfmr_jax.hf_beam.beam_search`, Hugging Face ``generate``'s
+      scoring, for imported models; ``alpha`` is its ``length_penalty``).
     max_decode_extra: decode up to (bucketed input length + this) tokens.
     batch_size: sentences per decoder call (the last call is padded).
     too_long: 'truncate' (warn on stderr) or 'error' for inputs longer than
@@ -42,14 +45,17 @@ class Translator:
 
   def __init__(self, model: SequenceModel, params, tokenizer: Tokenizer, *,
                beam_size: int = 1, alpha: float = 0.6,
+               beam_rules: str = 'gnmt',
                max_decode_extra: int = decode.DECODE_EXTRA,
                batch_size: int = 64,
                too_long: str = 'truncate', temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int = 0):
+    if beam_rules not in ('gnmt', 'hf'):
+      raise ValueError(f"beam_rules must be 'gnmt' or 'hf', got {beam_rules!r}")
     if too_long not in ('truncate', 'error'):
       raise ValueError(f"too_long must be 'truncate' or 'error', got {too_long!r}")
     self.model, self.params, self.tokenizer = model, params, tokenizer
-    self.beam_size, self.alpha = beam_size, alpha
+    self.beam_size, self.alpha, self.beam_rules = beam_size, alpha, beam_rules
     self.max_decode_extra, self.batch_size = max_decode_extra, batch_size
     self.too_long = too_long
     self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
@@ -60,8 +66,14 @@ class Translator:
 
   @classmethod
   def from_workdir(cls, workdir: str, step: int | None = None, **kwargs):
-    """Load the newest (or given) checkpoint of a training workdir once."""
-    model, params, tokenizer, _ = run_dir.load_for_inference(workdir, step)
+    """Load the newest (or given) checkpoint of a training workdir once.
+
+    ``beam_rules`` and ``alpha`` default to the workdir config's
+    ``beam_rules`` and ``beam_alpha`` (an imported Marian model's are 'hf' and
+    1.0, as ``generate`` scores)."""
+    model, params, tokenizer, config = run_dir.load_for_inference(workdir, step)
+    kwargs.setdefault('beam_rules', config.get('beam_rules', 'gnmt'))
+    kwargs.setdefault('alpha', config.get('beam_alpha', 0.6))
     return cls(model, params, tokenizer, **kwargs)
 
   def _encode(self, text: str, index: int) -> list[int]:
@@ -89,6 +101,10 @@ class Translator:
       out = decode.sample(self.model, self.params, inputs, key,
                           temperature=self.temperature, top_k=self.top_k,
                           top_p=self.top_p, max_decode_len=length)
+    elif self.beam_size > 1 and self.beam_rules == 'hf':
+      out, _ = hf_beam.beam_search(self.model, self.params, inputs,
+                                   beam_size=self.beam_size, alpha=self.alpha,
+                                   max_decode_len=length)
     elif self.beam_size > 1:
       out, _ = decode.beam_search(self.model, self.params, inputs,
                                   beam_size=self.beam_size, alpha=self.alpha,
