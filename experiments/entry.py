@@ -1,4 +1,5 @@
-"""How every entry point (``train_wmt``, ``translate``, ``train_tagger``) ends
+"""How every entry point (``train_wmt``, ``translate``, ``train_tagger``,
+``import_marian``) ends
 on an expected failure: one line on stderr that names the field, file, line or
 path, and exit code 2 for bad input (1 for a run that failed), with the
 traceback only under ``-v`` / ``--verbosity``. Anything else is a bug and keeps
@@ -74,12 +75,13 @@ def _classify(e: BaseException) -> int | None:
   """The exit code of an expected failure, None for a bug."""
   from xfmr_jax import checkpoint, run_config, training_loop
   from xfmr_jax.data import DataError
+  from xfmr_jax.marian import MarianImportError
   from xfmr_jax.tokenizer import TokenizerError
   from xfmr_jax.translate import InputTooLong
   if isinstance(e, checkpoint.CheckpointWriteError):
     return FAILED
   if isinstance(e, (run_config.ConfigError, DataError, TokenizerError,
-                    InputTooLong,
+                    InputTooLong, MarianImportError,
                     checkpoint.CheckpointError, FileNotFoundError,
                     NotADirectoryError, IsADirectoryError,
                     PermissionError)):
