@@ -48,6 +48,15 @@ def _finish_scores(fin_scores, fin_seqs, fin_done, scores, seqs, done):
           take(jnp.concatenate([fin_done, done], axis=1)))
 
 
+def _reorder(path, x, rows, axis):
+  """Self-attention caches follow their beams; the cross-attention ones (the
+  encoder's keys and values) are the same for every beam of a sentence and
+  parents never cross sentences, so they stay."""
+  if any(getattr(p, 'key', None) == 'cross_attention' for p in path):
+    return x
+  return jnp.take(x, rows, axis=axis)
+
+
 @functools.partial(jax.jit, static_argnames=(
     'model', 'beam_size', 'alpha', 'max_decode_len', 'force_eos'))
 def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
@@ -125,7 +134,8 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
                       _OFF)
     still_open = beams['open'] & jnp.any(best_alive > worst, axis=1)
     rows = (jnp.arange(batch)[:, None] * k + parent).reshape(-1)
-    cache = jax.tree.map(lambda x: jnp.take(x, rows, axis=axis), cache)
+    cache = jax.tree_util.tree_map_with_path(
+        lambda path, x: _reorder(path, x, rows, axis), cache)
     return t + 1, dict(alive_seqs=alive_seqs, alive_logp=alive_logp,
                        fin_seqs=fin_seqs, fin_scores=fin_scores,
                        fin_done=fin_done, open=still_open,
