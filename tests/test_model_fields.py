@@ -1,5 +1,6 @@
 """The model switches an imported Marian model needs, usable by any model:
 the SiLU activation, Marian's sinusoid layout and a bias on the logits."""
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,7 +31,7 @@ def test_bad_values_name_the_field():
 def _init(cfg, seed=0):
   x = jnp.ones((2, 5), jnp.int32)
   m = model.build(cfg)
-  return m, m.init(jax.random.key(seed), x, x)['params']
+  return m, nn.unbox(m.init(jax.random.key(seed), x, x)['params'])
 
 
 @pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])

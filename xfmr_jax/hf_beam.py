@@ -48,6 +48,36 @@ def _finish_scores(fin_scores, fin_seqs, fin_done, scores, seqs, done):
           take(jnp.concatenate([fin_done, done], axis=1)))
 
 
+def _best_extensions(logits, alive_logp, n, forced):
+  """The ``n`` best ``alive_logp + log p(token)`` over every beam and token,
+  as ``generate`` ranks them, without materialising the log-softmax.
+
+  The n best of all ``k * vocab`` extensions are among the n best of each
+  beam, so a per-beam top-n of the logits, shifted by their logsumexp,
+  then a top-n of those ``k * n`` gives the same extensions as a top-n of the
+  whole log-softmax (one pass over the vocabulary instead of three). The pad
+  id is banned after the normalisation, as ``generate``'s processor does;
+  ``forced`` (traced bool) leaves only EOS, at log-probability 0.
+
+  Args:
+    logits: ``[batch * k, vocab]``; alive_logp: ``[batch, k]``.
+
+  Returns:
+    ``(logp [batch, n], parent [batch, n], token [batch, n])``, best first.
+  """
+  batch, k = alive_logp.shape
+  lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+  values, tokens = jax.lax.top_k(logits.at[:, PAD].set(-jnp.inf), n)
+  logp = values - lse                                       # [batch * k, n]
+  first = jnp.arange(n) == 0
+  logp = jnp.where(forced, jnp.where(first, 0.0, -jnp.inf), logp)
+  tokens = jnp.where(forced, jnp.where(first, EOS, PAD), tokens)
+  candidates = (alive_logp[..., None] + logp.reshape(batch, k, n))
+  best, index = jax.lax.top_k(candidates.reshape(batch, k * n), n)
+  token = jnp.take_along_axis(tokens.reshape(batch, k * n), index, axis=1)
+  return best, index // n, token
+
+
 def _reorder(path, x, rows, axis):
   """Self-attention caches follow their beams; the cross-attention ones (the
   encoder's keys and values) are the same for every beam of a sentence and
@@ -102,17 +132,9 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
     logits, cache = decode._step(  # pylint: disable=protected-access
         model, variables, cache, beam_inputs,
         beams['alive_seqs'].reshape(batch * k, length), t, length)
-    logp = jax.nn.log_softmax(logits, axis=-1).at[:, PAD].set(-jnp.inf)
-    vocab = logp.shape[-1]
-    if force_eos:
-      # generate's processor gives EOS the log-probability 0 (it replaces the
-      # row), so a forced ending costs nothing.
-      forced = jnp.where(jnp.arange(vocab) == EOS, 0.0, -jnp.inf)
-      logp = jnp.where(t == length - 1, forced, logp)
-    candidates = (beams['alive_logp'][..., None] +
-                  logp.reshape(batch, k, vocab)).reshape(batch, -1)
-    top_logp, index = jax.lax.top_k(candidates, 2 * k)    # [batch, 2k]
-    parent, token = index // vocab, index % vocab
+    top_logp, parent, token = _best_extensions(
+        logits, beams['alive_logp'], 2 * k,
+        force_eos & (t == length - 1))                    # [batch, 2k]
     seqs = jnp.take_along_axis(beams['alive_seqs'], parent[..., None], axis=1)
     seqs = seqs.at[:, :, t].set(token)
     ended = (token == EOS) | (t + 1 >= length)
