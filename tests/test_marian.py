@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -139,8 +140,14 @@ def test_import_translate_and_finetune_end_to_end(hf, tmp_path):
   with torch.no_grad():
     out = hf['model'].generate(**batch, num_beams=4, length_penalty=1.0,
                                max_new_tokens=width + extra)
-  assert translator(SOURCES) == hf['tok'].batch_decode(
-      out, skip_special_tokens=True)
+  want = hf['tok'].batch_decode(out, skip_special_tokens=True)
+  assert translator(SOURCES) == want
+  run = subprocess.run(
+      [sys.executable, '-m', 'experiments.translate', f'--workdir={workdir}'],
+      input=''.join(s + '\n' for s in SOURCES + [''] + SOURCES[:1]), cwd=ROOT,
+      capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.split('\n')[:-1] == want + [''] + want[:1]
 
   # Fine-tune 20 steps on a TSV of the fixture's pairs: the loss falls.
   data = tmp_path / 'data'
@@ -166,6 +173,15 @@ def test_import_translate_and_finetune_end_to_end(hf, tmp_path):
   assert len(losses) == 4 and losses[-1] < losses[0] - 0.05, losses
   assert os.path.isdir(os.path.join(tuned, 'marian_tokenizer'))
   assert len(Translator.from_workdir(tuned)(SOURCES)) == len(SOURCES)
+
+
+def test_pytorch_bin_weights_give_the_same_parameters(hf, tmp_path):
+  path = _copy(hf, tmp_path)
+  os.remove(os.path.join(path, 'model.safetensors'))
+  torch.save(hf['model'].state_dict(), os.path.join(path, 'pytorch_model.bin'))
+  _, params, _, _ = marian.read_hf_dir(path)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(hf['params'])):
+    np.testing.assert_array_equal(a, b)
 
 
 # ------------------------------------------------------------ bad input --
