@@ -32,7 +32,7 @@ class ModelConfig:
   * ``positional`` 'learned', 'rope' (queries and keys rotated by position in
     every self-attention) or 'alibi' (a per-head linear distance penalty on
     self-attention scores); cross-attention has no positions, as in the paper;
-  * ``sinusoid_layout`` 'halves': the sinusoids of all frequencies first, then
+  * ``sinusoid_layout`` 'halves': the sines of all frequencies first, then
     their cosines (Marian's layout) instead of the paper's interleaved pairs;
   * ``logits_bias`` 'learned' or 'fixed': a ``[vocab]`` bias added to the
     output logits, trained or held fixed (Marian's ``final_logits_bias``);

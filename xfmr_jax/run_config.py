@@ -35,7 +35,7 @@ _RANGES = {'lr_scale': (0.0, float('inf'), False),
 # (besides config.model's, of which only these may change).
 _SHAPE_FIELDS = ('vocab_size', 'tokenizer_type', 'tokenizer_path')
 CHANGEABLE_MODEL_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype',
-                            'remat', 'attention_impl')
+                           'remat', 'attention_impl')
 
 
 def model_config(config, vocab_size: int) -> ModelConfig:
