@@ -184,6 +184,13 @@ def test_pytorch_bin_weights_give_the_same_parameters(hf, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+def test_benchmark_quick_runs_both_sides(tmp_path):
+  from experiments.benchmark import marian as bench
+  res = bench.main(['--quick', '--json', str(tmp_path / 'b.json')])
+  assert res['ours']['tokens'] > 0 and res['hf']['tokens'] > 0
+  assert res['speedup'] > 0 and (tmp_path / 'b.json').exists()
+
+
 # ------------------------------------------------------------ bad input --
 
 def _copy(hf, tmp_path):

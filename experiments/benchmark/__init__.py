@@ -29,7 +29,9 @@ recomputation not counted). MFU = model FLOP/s / measured matmul FLOP/s.
 
 The parts: ``cli`` (the command line, run by ``__main__``), ``common`` (sizes,
 machine description, timing and FLOP counting), ``train``, ``torch_reference``,
-``decode``, ``gpu_check`` and ``report`` (tables and JSON).
+``decode``, ``gpu_check`` and ``report`` (tables and JSON). Run on its own,
+``python -m experiments.benchmark.marian`` times an imported opus-mt-sized
+Marian model's beam search against ``transformers``' ``generate``.
 """
 import os
 

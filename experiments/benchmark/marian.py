@@ -4,7 +4,7 @@ jitted beam search against ``transformers``' ``generate``, in one run.
     python -m experiments.benchmark.marian [--sentences 256] [--json PATH]
 
 One random ``MarianMTModel`` of opus-mt's shape (d_model 512, 6+6 layers, 8
-heads, FFN 2048, vocabulary 58,101) is built, converted with
+heads, FFN 2048, vocabulary 58,101; ``--quick``: a tiny one) is built, converted with
 :mod:`xfmr_jax.marian`, and both sides translate the same sentences (random
 token ids, 20-40 words of about 1.3 pieces each) with beam 4 under the same
 rules (:mod:`xfmr_jax.hf_beam`), in batches of the same sentences sorted by
@@ -27,11 +27,12 @@ def _hf_model(args):
   import torch
   from transformers import MarianConfig, MarianMTModel
   torch.manual_seed(0)
-  vocab = 58_101
+  vocab, d, layers = args.vocab, args.d_model, args.layers
   config = MarianConfig(
-      vocab_size=vocab, d_model=512, encoder_layers=6, decoder_layers=6,
-      encoder_attention_heads=8, decoder_attention_heads=8,
-      encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512,
+      vocab_size=vocab, d_model=d, encoder_layers=layers,
+      decoder_layers=layers, encoder_attention_heads=8,
+      decoder_attention_heads=8, encoder_ffn_dim=4 * d,
+      decoder_ffn_dim=4 * d, max_position_embeddings=512,
       activation_function='swish', scale_embedding=True,
       pad_token_id=vocab - 1, eos_token_id=0, decoder_start_token_id=vocab - 1,
       forced_eos_token_id=0)
@@ -125,8 +126,16 @@ def main(argv=None) -> dict:
   p.add_argument('--beam', type=int, default=4)
   p.add_argument('--max_new', type=int, default=64,
                  help='new tokens per sentence (generate max_new_tokens)')
+  p.add_argument('--vocab', type=int, default=58_101)
+  p.add_argument('--d_model', type=int, default=512)
+  p.add_argument('--layers', type=int, default=6)
   p.add_argument('--json', default=None)
+  p.add_argument('--quick', action='store_true',
+                 help='a tiny model and a few sentences (for tests)')
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
+  if args.quick:
+    args.vocab, args.d_model, args.layers = 300, 32, 1
+    args.sentences, args.batch_size, args.max_new = 8, 4, 4
   import jax
   from xfmr_jax import config as config_lib, marian, model as model_lib
   from xfmr_jax.marian_tokenizer import id_permutation
