@@ -213,7 +213,8 @@ def test_missing_file_is_named(hf, tmp_path, name):
 @pytest.mark.parametrize('field, value', [
     ('normalize_embedding', True), ('add_final_layer_norm', True),
     ('share_encoder_decoder_embeddings', False), ('scale_embedding', False),
-    ('activation_function', 'mish'), ('decoder_ffn_dim', 7)])
+    ('activation_function', 'mish'), ('decoder_ffn_dim', 7),
+    ('d_model', None), ('model_type', 'bart')])
 def test_unsupported_config_field_is_named(hf, tmp_path, field, value):
   path = _copy(hf, tmp_path)
   cfg_path = os.path.join(path, 'config.json')

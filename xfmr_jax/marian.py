@@ -52,6 +52,10 @@ _FIXED_OPTIONS = {'normalize_embedding': False, 'add_final_layer_norm': False,
                   'tie_word_embeddings': True, 'is_encoder_decoder': True}
 
 
+_REQUIRED = ('vocab_size', 'd_model', 'encoder_layers', 'decoder_layers',
+             'encoder_attention_heads', 'encoder_ffn_dim')
+
+
 class MarianImportError(ValueError):
   """A Hugging Face directory this importer cannot convert."""
 
@@ -77,6 +81,10 @@ def model_fields(hf: dict, path: str = 'config.json') -> dict:
                             f'supported ({why})')
   if hf.get('model_type') != 'marian':
     bad('model_type', "this importer reads 'marian' models")
+  for field in _REQUIRED:
+    if not isinstance(hf.get(field), int) or hf[field] <= 0:
+      raise MarianImportError(f'{path}: {field} must be a positive integer, '
+                              f'got {hf.get(field)!r}')
   for field, wanted in _FIXED_OPTIONS.items():
     if field in hf and bool(hf[field]) != wanted:
       bad(field, f'only {wanted} is')
