@@ -22,7 +22,11 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir to load.',
                                required=True)
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step; default newest.')
 _BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size; 1 = greedy.')
-_ALPHA = flags.DEFINE_float('alpha', 0.6, 'Length penalty exponent.')
+_ALPHA = flags.DEFINE_float('alpha', None, 'Length penalty exponent; default '
+                            "the workdir config's beam_alpha (0.6 unless set).")
+_RULES = flags.DEFINE_enum('beam_rules', None, ['gnmt', 'hf'],
+                           "Beam scoring; default the workdir config's "
+                           "(gnmt; 'hf' for an imported Marian model).")
 _EXTRA = flags.DEFINE_integer('max_decode_extra', 50,
                               'Decode up to input length + this many tokens.')
 _TEMPERATURE = flags.DEFINE_float('temperature', 0.0,
@@ -52,7 +56,7 @@ def check_flags() -> None:
                            ('top_k', _TOP_K.value, 0)):
     if value < low:
       entry.fail(f'--{name} must be at least {low}, got {value}')
-  if _ALPHA.value < 0 or _TEMPERATURE.value < 0:
+  if (_ALPHA.value is not None and _ALPHA.value < 0) or _TEMPERATURE.value < 0:
     entry.fail('--alpha and --temperature must be >= 0')
   if not 0 < _TOP_P.value <= 1:
     entry.fail(f'--top_p must be in (0, 1], got {_TOP_P.value}')
@@ -68,8 +72,11 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger().setLevel(logging.WARNING)
   from xfmr_jax.translate import Translator
+  chosen = {name: flag.value for name, flag in (('alpha', _ALPHA),
+                                                ('beam_rules', _RULES))
+            if flag.value is not None}
   translator = Translator.from_workdir(
-      _WORKDIR.value, _STEP.value, beam_size=_BEAM.value, alpha=_ALPHA.value,
+      _WORKDIR.value, _STEP.value, beam_size=_BEAM.value, **chosen,
       max_decode_extra=_EXTRA.value, batch_size=_BATCH.value,
       too_long=_TOO_LONG.value, temperature=_TEMPERATURE.value,
       top_k=_TOP_K.value, top_p=_TOP_P.value, seed=_SEED.value)

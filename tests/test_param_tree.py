@@ -155,3 +155,12 @@ def test_param_count_counts_every_parameter(shared):
   assert model.param_count(boxed['params']) == expected  # boxed by init
   assert model.param_count(nn.unbox(boxed)['params']) == expected
   assert model.param_count(boxed) == expected  # the whole variables dict
+
+
+@pytest.mark.parametrize('bias', ['learned', 'fixed'])
+@pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
+def test_logits_bias_adds_one_vocab_vector(bias, kind):
+  base = tree_of(cfg(model_kind=kind))
+  got = tree_of(cfg(model_kind=kind, logits_bias=bias,
+                    sinusoid_layout='halves', activation='silu'))
+  assert got == {**base, 'logits/bias': (V,)}

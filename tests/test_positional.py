@@ -50,3 +50,15 @@ def test_dot_product_peaks_at_zero_offset_and_falls_off():
 def test_odd_width_is_rejected():
   with pytest.raises(ValueError, match='even'):
     positional.sinusoidal_encoding(np.arange(3), 7)
+
+
+def test_halves_layout_is_the_interleaved_one_permuted():
+  """Marian's layout: every sine first, then every cosine, same frequencies."""
+  pos = np.array([0, 1, 5, 63])
+  halves = np.asarray(positional.sinusoidal_encoding(pos, 16, layout='halves'))
+  ref = reference.sinusoid(pos, 16)
+  np.testing.assert_allclose(halves, np.concatenate([ref[:, 0::2],
+                                                     ref[:, 1::2]], -1),
+                             atol=2e-5)
+  with pytest.raises(ValueError, match='layout'):
+    positional.sinusoidal_encoding(pos, 16, layout='zigzag')

@@ -6,10 +6,16 @@ matrix (SwiGLU when ``f`` is swish).
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
 
-FUNCTIONS: dict[str, Callable] = {'relu': jax.nn.relu, 'gelu': jax.nn.gelu}
+# 'gelu' is the tanh approximation (jax.nn.gelu's default), 'gelu_exact' the
+# erf form; 'silu' (also called swish) is x * sigmoid(x), Marian's choice.
+FUNCTIONS: dict[str, Callable] = {
+    'relu': jax.nn.relu, 'gelu': jax.nn.gelu,
+    'gelu_exact': functools.partial(jax.nn.gelu, approximate=False),
+    'silu': jax.nn.silu}
 GATED: dict[str, Callable] = {'swiglu': jax.nn.silu}
 NAMES = (*FUNCTIONS, *GATED)

@@ -9,6 +9,7 @@ assemble these.
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from xfmr_jax import losses, positional
@@ -154,7 +155,8 @@ class Embedder(nn.Module):
     positions = default_positions(tokens, positions)
     x = jnp.take(self.embedding, tokens, axis=0) * jnp.sqrt(float(cfg.d_model))
     if cfg.positional == 'sinusoidal':
-      x = x + positional.sinusoidal_encoding(positions, cfg.d_model)
+      x = x + positional.sinusoidal_encoding(positions, cfg.d_model,
+                                             layout=cfg.sinusoid_layout)
     elif cfg.positional == 'learned':
       x = x + jnp.take(self.position_embedding, positions, axis=0)
     return x.astype(dtype)
@@ -168,25 +170,57 @@ class OutputHead(nn.Module):
   and adds no parameters; otherwise it owns a bias-free ``kernel`` ``[d_model,
   vocab]`` (the parameters of a bias-free ``nn.Dense``). A model names it
   ``logits``, so the unshared kernel is ``<model>/logits/kernel``.
+
+  With ``config.logits_bias`` 'learned' or 'fixed' it also owns ``bias``
+  ``[vocab]`` (zeros at init), added to every logit; 'fixed' stops its
+  gradient, so training leaves it as loaded (Marian's ``final_logits_bias`` is
+  a buffer, not a trained weight).
   """
   config: ModelConfig
   shared: Embedder | None = None
 
   def setup(self):
+    cfg = self.config
     if self.shared is None:
-      cfg = self.config
       self.kernel = self.param(
           'kernel', nn.with_logical_partitioning(
               nn.initializers.xavier_uniform(), ('embed', 'vocab')),
           (cfg.d_model, cfg.vocab_size), jnp.float32)
+    if cfg.logits_bias != 'none':
+      self.bias = self.param(
+          'bias', nn.with_logical_partitioning(nn.initializers.zeros,
+                                               ('vocab',)),
+          (cfg.vocab_size,), jnp.float32)
+
+  def _bias(self):
+    if self.config.logits_bias == 'fixed':
+      return jax.lax.stop_gradient(self.bias)
+    return self.bias
 
   def table(self):
-    """``[vocab, d_model]``: logits are ``x @ table^T``."""
-    return self.kernel.T if self.shared is None else self.shared.embedding
+    """``[vocab, d_model]`` (``[vocab, d_model + 1]`` with a logits bias, its
+    last column): logits are ``x @ table^T`` for :meth:`hidden` ``x``."""
+    table = self.kernel.T if self.shared is None else self.shared.embedding
+    if self.config.logits_bias == 'none':
+      return table
+    return jnp.concatenate([table, self._bias()[:, None]], axis=1)
+
+  def hidden(self, x):
+    """``[..., d_model]`` decoder states as the left factor of :meth:`table`:
+    unchanged, or with a constant 1 column that picks up the bias. So a loss
+    that takes ``(hidden, table)`` (the fast training path) sees the bias
+    without knowing of it."""
+    if self.config.logits_bias == 'none':
+      return x
+    return jnp.concatenate([x, jnp.ones((*x.shape[:-1], 1), x.dtype)], axis=-1)
 
   def __call__(self, x):
     """``[..., d_model] -> float32 [..., vocab]``."""
-    return losses.project(x, self.table())
+    table = self.kernel.T if self.shared is None else self.shared.embedding
+    logits = losses.project(x, table)
+    if self.config.logits_bias != 'none':
+      logits = logits + self._bias()
+    return logits
 
 
 def output_head(cfg: ModelConfig, embedder: Embedder) -> OutputHead:

@@ -9,6 +9,8 @@ NORM_POSITIONS = ('post', 'pre')
 NORM_TYPES = ('layernorm', 'rmsnorm')
 ACTIVATIONS = activations.NAMES
 POSITIONALS = ('sinusoidal', 'learned', 'rope', 'alibi', 'none')
+SINUSOID_LAYOUTS = ('interleaved', 'halves')
+LOGITS_BIASES = ('none', 'learned', 'fixed')
 DTYPES = ('float32', 'bfloat16')
 MODEL_KINDS = ('encoder_decoder', 'decoder_only', 'encoder_only')
 ATTENTION_IMPLS = ('auto',) + attention.IMPLEMENTATIONS
@@ -23,12 +25,17 @@ class ModelConfig:
   that later work made common:
 
   * ``norm_position`` 'pre' and ``norm_type`` 'rmsnorm';
-  * ``activation`` 'gelu' or 'swiglu' (a gated FFN with three matrices: to keep
+  * ``activation`` 'gelu' (tanh approximation), 'gelu_exact', 'silu' (swish)
+    or 'swiglu' (a gated FFN with three matrices: to keep
     the parameter count of a ReLU FFN of width ``w``, set ``d_ff`` to
     :func:`swiglu_d_ff` ``(w)``, about ``2w/3``);
   * ``positional`` 'learned', 'rope' (queries and keys rotated by position in
     every self-attention) or 'alibi' (a per-head linear distance penalty on
     self-attention scores); cross-attention has no positions, as in the paper;
+  * ``sinusoid_layout`` 'halves': the sines of all frequencies first, then
+    their cosines (Marian's layout) instead of the paper's interleaved pairs;
+  * ``logits_bias`` 'learned' or 'fixed': a ``[vocab]`` bias added to the
+    output logits, trained or held fixed (Marian's ``final_logits_bias``);
   * ``num_kv_heads`` below ``num_heads``: grouped-query attention (1: MQA);
   * ``use_bias`` False: linear layers without biases;
   * ``model_kind`` 'decoder_only' (a causal LM over ``source EOS target``, see
@@ -59,6 +66,8 @@ class ModelConfig:
   model_kind: str = 'encoder_decoder'
   num_labels: int = 0                  # encoder_only: size of the token head
   attention_impl: str = 'auto'
+  sinusoid_layout: str = 'interleaved'  # or 'halves' (sin first, then cos)
+  logits_bias: str = 'none'             # or 'learned' / 'fixed' [vocab] bias
 
   def __post_init__(self):
     positive = ('vocab_size', 'd_model', 'num_heads', 'num_encoder_layers',
@@ -78,13 +87,19 @@ class ModelConfig:
     choices = {'positional': POSITIONALS, 'norm_position': NORM_POSITIONS,
                'norm_type': NORM_TYPES, 'activation': ACTIVATIONS,
                'dtype': DTYPES, 'model_kind': MODEL_KINDS,
-               'attention_impl': ATTENTION_IMPLS}
+               'attention_impl': ATTENTION_IMPLS,
+               'sinusoid_layout': SINUSOID_LAYOUTS,
+               'logits_bias': LOGITS_BIASES}
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         raise ValueError(f'ModelConfig.{name}={getattr(self, name)!r} is not '
                          f'one of {allowed}')
     if self.positional == 'sinusoidal' and self.d_model % 2:
       raise ValueError('sinusoidal positions need an even d_model')
+    if self.sinusoid_layout != 'interleaved' and self.positional != 'sinusoidal':
+      raise ValueError(f'ModelConfig.sinusoid_layout={self.sinusoid_layout!r} '
+                       "applies to positional='sinusoidal' only, got "
+                       f'positional={self.positional!r}')
     if self.positional == 'rope' and self.head_dim % 2:
       raise ValueError(f'rope rotates pairs of dimensions: head_dim '
                        f'{self.head_dim} must be even')

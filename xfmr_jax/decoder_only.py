@@ -97,8 +97,9 @@ class DecoderOnly(nn.Module):
     mask = masks.prefix_lm_mask(segments)
     # Only the target part is projected onto the vocabulary.
     hidden = self._run(tokens, mask, positions, deterministic)[:, s:]
-    return (hidden, self.output_table()) if return_hidden else self.logits(
-        hidden)
+    if return_hidden:
+      return self.output_head.hidden(hidden), self.output_table()
+    return self.logits(hidden)
 
   def _cache_mask(self, inputs, cache_len):
     """Keys ``[batch, 1, 1, s + cache_len]``: source padding is invisible."""

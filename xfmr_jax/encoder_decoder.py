@@ -72,7 +72,9 @@ class Transformer(nn.Module):
                             deterministic, None, None)
     if self.config.norm_position == 'pre':
       y = self.decoder_norm(y)
-    return (y, self.output_table()) if return_hidden else self.logits(y)
+    if return_hidden:
+      return self.output_head.hidden(y), self.output_table()
+    return self.logits(y)
 
   def decode_step(self, inputs, tokens, step, encoded=None, *, cache_len: int):
     """Incremental decoder: logits for positions ``step .. step + n - 1``.
@@ -117,7 +119,8 @@ class Transformer(nn.Module):
 
   def output_table(self):
     """The ``[vocab, d_model]`` pre-softmax projection: logits = ``y @ table^T``
-    (the shared embedding, or the output head's kernel transposed)."""
+    (the shared embedding, or the output head's kernel transposed; with a
+    logits bias ``[vocab, d_model + 1]``, see :class:`~xfmr_jax.blocks.OutputHead`)."""
     return self.output_head.table()
 
   def logits(self, y):
@@ -131,7 +134,8 @@ class Transformer(nn.Module):
     """inputs ``[batch, s]``, targets ``[batch, t]`` -> logits ``[batch, t, V]``.
 
     With ``return_hidden`` it returns ``(hidden [batch, t, d_model], table
-    [V, d_model])`` instead, logits = ``hidden @ table^T``, so that a loss can
+    [V, d_model])`` instead (``d_model + 1`` wide with a logits bias), logits
+    = ``hidden @ table^T``, so that a loss can
     take the projection inside its own gradient
     (:func:`xfmr_jax.losses.projected_token_metrics`, as training does).
     """

@@ -27,6 +27,7 @@ def translator(config, model, params, tokenizer) -> Translator:
   length penalty, decode length and batch size)."""
   return Translator(model, params, tokenizer, beam_size=config.beam_size,
                     alpha=config.beam_alpha,
+                    beam_rules=config.get('beam_rules', 'gnmt'),
                     max_decode_extra=config.max_decode_extra,
                     batch_size=config.eval_batch_size)
 

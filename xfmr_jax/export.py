@@ -14,7 +14,8 @@ An artifact is a folder:
 - ``params.npz``: the parameters as a flat list of arrays, passed to the
   modules at call time rather than baked into them, so the modules stay small
   and one parameter file serves every bucket.
-- ``tokenizer.model``: the SentencePiece model.
+- ``tokenizer.model`` (or ``marian_tokenizer/`` for an imported Marian
+  model): the tokenizer, as a workdir keeps it.
 - ``manifest.json``: versions (jax, jaxlib, the export calling convention),
   platforms, buckets, decode settings, the parameter shapes and dtypes, and a
   SHA-256 of every file so that a damaged copy is caught on load.
@@ -34,10 +35,9 @@ import jaxlib
 import numpy as np
 from jax import export as jax_export
 
-from xfmr_jax import decode, run_dir, source_batches
+from xfmr_jax import decode, run_dir, source_batches, translate
 from xfmr_jax.model import SequenceModel
 from xfmr_jax.serving import FORMAT, MANIFEST, PARAMS, sha256
-from xfmr_jax.tokenizer import MODEL_FILENAME, Tokenizer
 
 PLATFORMS = ('cpu', 'cuda', 'rocm', 'tpu')
 
@@ -54,22 +54,18 @@ def default_platforms() -> list[str]:
 
 
 def _decode_fn(model: SequenceModel, treedef, beam_size: int, alpha: float,
-               length: int):
+               beam_rules: str, length: int):
   """``(param_leaves, inputs [b, s]) -> [b, length]`` ids, as Translator."""
-  def translate(leaves, inputs):
-    params = jax.tree.unflatten(treedef, leaves)
-    if beam_size == 1:
-      return decode.greedy_decode(model, params, inputs,
-                                  max_decode_len=length)
-    out, _ = decode.beam_search(model, params, inputs, beam_size=beam_size,
-                                alpha=alpha, max_decode_len=length)
-    return out
-  return jax.jit(translate)
+  def run(leaves, inputs):
+    return translate.search(model, jax.tree.unflatten(treedef, leaves), inputs,
+                            beam_size=beam_size, alpha=alpha,
+                            beam_rules=beam_rules, max_decode_len=length)
+  return jax.jit(run)
 
 
-def export_translator(model: SequenceModel, params, tokenizer: Tokenizer,
-                      out_dir: str, *, beam_sizes: Sequence[int] = (4, 1),
-                      alpha: float = 0.6,
+def export_translator(model: SequenceModel, params, tokenizer, out_dir: str,
+                      *, beam_sizes: Sequence[int] = (4, 1),
+                      alpha: float = 0.6, beam_rules: str = 'gnmt',
                       max_decode_extra: int = decode.DECODE_EXTRA,
                       batch_size: int = 64,
                       platforms: Sequence[str] | None = None,
@@ -78,7 +74,10 @@ def export_translator(model: SequenceModel, params, tokenizer: Tokenizer,
   """Write an artifact for ``model`` and ``params`` to ``out_dir``.
 
   Args:
+    tokenizer: a :class:`~xfmr_jax.tokenizer.Tokenizer` or an imported
+      Marian one (saved as the workdir keeps it).
     beam_sizes: decoders to export; 1 is greedy. The first is the default.
+    alpha, beam_rules: the beam search's scoring, as for :class:`Translator`.
     batch_size: the most sentences the loaded translator decodes per call.
     platforms: lowering targets (default :func:`default_platforms`).
     buckets: source widths (default every bucket up to the model maximum);
@@ -98,6 +97,9 @@ def export_translator(model: SequenceModel, params, tokenizer: Tokenizer,
   beam_sizes = list(dict.fromkeys(int(b) for b in beam_sizes))
   if not beam_sizes or min(beam_sizes) < 1:
     raise ValueError(f'beam sizes must be >= 1, got {beam_sizes}')
+  if beam_rules not in translate.BEAM_RULES:
+    raise ValueError(f'beam_rules must be one of {translate.BEAM_RULES}, got '
+                     f'{beam_rules!r}')
   if batch_size < 1:
     raise ValueError(f'batch_size must be >= 1, got {batch_size}')
   config = model.config
@@ -122,7 +124,7 @@ def export_translator(model: SequenceModel, params, tokenizer: Tokenizer,
   for beam_size in beam_sizes:
     for width in widths:
       length = decode.decode_length(config, width, extra=max_decode_extra)
-      fn = _decode_fn(model, treedef, beam_size, alpha, length)
+      fn = _decode_fn(model, treedef, beam_size, alpha, beam_rules, length)
       exported = jax_export.export(fn, platforms=platforms)(
           specs, jax.ShapeDtypeStruct((batch, width), jnp.int32))
       name = module_name(beam_size, width)
@@ -132,14 +134,16 @@ def export_translator(model: SequenceModel, params, tokenizer: Tokenizer,
                            output_length=length)
       progress(f'exported {name} ({time.time() - start:.1f} s)')
 
-  files = [PARAMS, MODEL_FILENAME, *modules]
+  files = sorted(os.path.relpath(os.path.join(root, name), tmp)
+                 for root, _, names in os.walk(tmp) for name in names)
   manifest = dict(
       format=FORMAT, created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
       jax_version=jax.__version__, jaxlib_version=jaxlib.__version__,
       calling_convention_version=exported.calling_convention_version,
       platforms=platforms, model_kind=config.model_kind,
       vocab_size=tokenizer.vocab_size, max_input=widths[-1], buckets=widths,
-      beam_sizes=beam_sizes, alpha=alpha, max_decode_extra=max_decode_extra,
+      beam_sizes=beam_sizes, alpha=alpha, beam_rules=beam_rules,
+      max_decode_extra=max_decode_extra,
       batch_size=batch_size, modules=modules,
       params=[dict(shape=list(x.shape), dtype=str(x.dtype)) for x in leaves],
       sha256={name: sha256(os.path.join(tmp, name)) for name in files})
@@ -153,6 +157,9 @@ def export_translator(model: SequenceModel, params, tokenizer: Tokenizer,
 def export_workdir(workdir: str, out_dir: str, step: int | None = None,
                    **kwargs) -> dict:
   """:func:`export_translator` for the newest (or given) checkpoint of a
-  training workdir."""
-  model, params, tokenizer, _ = run_dir.load_for_inference(workdir, step)
+  training workdir; ``alpha`` and ``beam_rules`` default to the workdir's
+  (as for ``Translator.from_workdir``)."""
+  model, params, tokenizer, config = run_dir.load_for_inference(workdir, step)
+  kwargs.setdefault('beam_rules', config.get('beam_rules', 'gnmt'))
+  kwargs.setdefault('alpha', config.get('beam_alpha', 0.6))
   return export_translator(model, params, tokenizer, out_dir, **kwargs)

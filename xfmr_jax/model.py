@@ -41,10 +41,11 @@ class SequenceModel(Protocol):
                return_hidden: bool = False):
     """Teacher-forced logits ``[batch, t, vocab]`` of unshifted ``targets``
     ``[batch, t]`` given ``inputs`` ``[batch, s]``; with ``return_hidden``,
-    ``(hidden [batch, t, d_model], output_table() [vocab, d_model])``."""
+    ``(hidden [batch, t, d], output_table() [vocab, d])`` with ``d`` =
+    d_model (+ 1 for a logits bias)."""
 
   def output_table(self):
-    """The ``[vocab, d_model]`` pre-softmax projection."""
+    """The ``[vocab, d]`` pre-softmax projection (``d`` as above)."""
 
   def init_cache(self, inputs, cache_len: int):
     """Fill the ``cache`` collection for decoding ``cache_len`` tokens."""

@@ -21,13 +21,30 @@ def paper_schedule(d_model: int, warmup_steps: int,
   return schedule
 
 
+def linear_schedule(peak: float, warmup_steps: int,
+                    total_steps: int) -> optax.Schedule:
+  """Fine-tuning's schedule: linear warmup to ``peak`` over ``warmup_steps``
+  updates, then a linear decay that would reach 0 one update after
+  ``total_steps`` (so every update of the run moves the weights). ``count``
+  is 0-based, as in :func:`paper_schedule`."""
+  def schedule(count):
+    step = jnp.asarray(count, jnp.float32) + 1.0
+    warm = step / max(warmup_steps, 1)
+    decay = (total_steps + 1.0 - step) / max(total_steps + 1 - warmup_steps, 1)
+    return peak * jnp.clip(jnp.minimum(warm, decay), 0.0, 1.0)
+  return schedule
+
+
 def make_optimizer(*, d_model: int, warmup_steps: int, lr_scale: float = 1.0,
+                   learning_rate: optax.Schedule | None = None,
                    b1: float = 0.9, b2: float = 0.98, eps: float = 1e-9,
                    grad_clip_norm: float = 0.0,
                    grad_accum_steps: int = 1) -> optax.GradientTransformation:
-  """Adam with the paper's schedule.
+  """Adam with the paper's schedule (or ``learning_rate``).
 
   Args:
+    learning_rate: a schedule that replaces the paper's (for example
+      :func:`linear_schedule`).
     grad_clip_norm: clip gradients to this global norm (0 = off).
     grad_accum_steps: average gradients over this many micro-batches before an
       update (``optax.MultiSteps``); the schedule counts updates, not micro-steps.
@@ -35,8 +52,9 @@ def make_optimizer(*, d_model: int, warmup_steps: int, lr_scale: float = 1.0,
   parts = []
   if grad_clip_norm > 0:
     parts.append(optax.clip_by_global_norm(grad_clip_norm))
-  parts.append(optax.adam(paper_schedule(d_model, warmup_steps, lr_scale),
-                          b1=b1, b2=b2, eps=eps))
+  if learning_rate is None:
+    learning_rate = paper_schedule(d_model, warmup_steps, lr_scale)
+  parts.append(optax.adam(learning_rate, b1=b1, b2=b2, eps=eps))
   tx = optax.chain(*parts)
   if grad_accum_steps > 1:
     tx = optax.MultiSteps(tx, every_k_schedule=grad_accum_steps)

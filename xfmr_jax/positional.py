@@ -2,7 +2,9 @@
 
 ``PE(pos, 2i) = sin(pos / 10000^(2i / d_model))`` and
 ``PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))``: sine on even dimensions and
-cosine on odd ones, interleaved exactly as in the paper. For every offset ``k``
+cosine on odd ones, interleaved exactly as in the paper (``layout='halves'``
+puts all sines first and all cosines after them, as Marian does: the same
+values, permuted). For every offset ``k``
 there is a fixed block-diagonal rotation ``M_k`` with ``PE(pos + k) = M_k PE(pos)``
 (see :func:`offset_matrix`), which is why the model can attend by relative position.
 
@@ -23,21 +25,29 @@ def _inverse_frequencies(d_model: int, max_timescale: float) -> jnp.ndarray:
 
 
 def sinusoidal_encoding(positions: jnp.ndarray, d_model: int,
-                        max_timescale: float = 10_000.0) -> jnp.ndarray:
+                        max_timescale: float = 10_000.0,
+                        layout: str = 'interleaved') -> jnp.ndarray:
   """Sinusoidal encoding of integer positions.
 
   Args:
     positions: integer array of any shape ``[...]`` (for example ``[length]`` or,
       for packed rows, ``[batch, length]`` of per-segment positions).
     d_model: even model width.
+    layout: 'interleaved' (the paper) or 'halves' (Marian).
 
   Returns:
-    float32 ``[..., d_model]`` with sin on even and cos on odd dimensions.
+    float32 ``[..., d_model]`` with sin on even and cos on odd dimensions
+    ('interleaved'), or ``[sin_0 .. sin_{d/2-1}, cos_0 .. cos_{d/2-1}]``
+    ('halves').
   """
+  if layout not in ('interleaved', 'halves'):
+    raise ValueError(f"layout must be 'interleaved' or 'halves', got {layout!r}")
   if d_model % 2:
     raise ValueError(f'sinusoidal encoding needs an even d_model, got {d_model}')
   angles = positions.astype(jnp.float32)[..., None] * _inverse_frequencies(
       d_model, max_timescale)
+  if layout == 'halves':
+    return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
   # Stack then reshape interleaves: [sin0, cos0, sin1, cos1, ...].
   return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(
       *positions.shape, d_model)

@@ -5,6 +5,7 @@ Every check raises :class:`ConfigError` with a message naming the field.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -33,8 +34,8 @@ _RANGES = {'lr_scale': (0.0, float('inf'), False),
 # Fields that a resumed run must share with the run that wrote the workdir
 # (besides config.model's, of which only these may change).
 _SHAPE_FIELDS = ('vocab_size', 'tokenizer_type', 'tokenizer_path')
-_CHANGEABLE_MODEL_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype',
-                            'remat', 'attention_impl')
+CHANGEABLE_MODEL_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype',
+                           'remat', 'attention_impl')
 
 
 def model_config(config, vocab_size: int) -> ModelConfig:
@@ -87,6 +88,18 @@ def validate_config(config) -> None:
   if config.tokenizer_path and not os.path.exists(config.tokenizer_path):
     raise ConfigError(f'config.tokenizer_path {config.tokenizer_path!r} does '
                       'not exist')
+  schedule = config.get('lr_schedule', 'paper')
+  if schedule not in ('paper', 'linear'):
+    raise ConfigError("config.lr_schedule must be 'paper' or 'linear', got "
+                      f'{schedule!r}')
+  if schedule == 'linear' and not (
+      isinstance(config.learning_rate, (int, float))
+      and config.learning_rate > 0):
+    raise ConfigError("config.lr_schedule='linear' needs config.learning_rate "
+                      f'> 0, got {config.learning_rate!r}')
+  if config.get('beam_rules', 'gnmt') not in ('gnmt', 'hf'):
+    raise ConfigError("config.beam_rules must be 'gnmt' or 'hf', got "
+                      f'{config.beam_rules!r}')
   if not 0 <= config.label_smoothing < 1:
     raise ConfigError('config.label_smoothing must be in [0, 1)')
   if config.batch_size % jax.process_count():
@@ -115,10 +128,13 @@ def validate_config(config) -> None:
 def check_resumable(saved: dict, config_json: dict, workdir: str) -> None:
   """Refuse to resume a workdir whose model (or vocabulary) differs from
   ``config``: its checkpoints and tokenizer belong to the saved config."""
-  model = saved.get('model', {})
-  differ = [f'model.{k}' for k in sorted(set(model) | set(config_json['model']))
-            if k not in _CHANGEABLE_MODEL_FIELDS
-            and model.get(k) != config_json['model'].get(k)]
+  # A field that the saved config predates had its default value then.
+  defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+  model = {**defaults, **saved.get('model', {})}
+  new_model = {**defaults, **config_json['model']}
+  differ = [f'model.{k}' for k in sorted(set(model) | set(new_model))
+            if k not in CHANGEABLE_MODEL_FIELDS
+            and model.get(k) != new_model.get(k)]
   differ += [k for k in _SHAPE_FIELDS
              if k in saved and saved[k] != config_json.get(k)]
   if differ:

@@ -3,7 +3,9 @@ use one: ``python -m experiments.train_wmt`` writes it, ``Translator`` and
 the tools that load a trained model read it.
 
     workdir/
-      tokenizer.model     the SentencePiece model the checkpoints belong to
+      tokenizer.model     the SentencePiece model the checkpoints belong to,
+                          or marian_tokenizer/ (an imported Marian model's,
+                          see :mod:`xfmr_jax.marian_tokenizer`)
       config.json         the resolved training config
       checkpoints/<step>/ orbax checkpoints (:mod:`xfmr_jax.checkpoint`)
       metrics.jsonl, tensorboard/, final_metrics.json
@@ -23,9 +25,11 @@ import ml_collections
 import numpy as np
 import optax
 
-from xfmr_jax import checkpoint, model as model_lib, optim, train_state
+from xfmr_jax import checkpoint, marian_tokenizer, model as model_lib, optim
+from xfmr_jax import train_state
 from xfmr_jax.data import pipeline
-from xfmr_jax.run_config import model_config
+from xfmr_jax.run_config import (CHANGEABLE_MODEL_FIELDS, ConfigError,
+                                 model_config)
 from xfmr_jax.tokenizer import MODEL_FILENAME as TOKENIZER_FILE
 from xfmr_jax.tokenizer import Tokenizer
 
@@ -37,8 +41,13 @@ FINAL_METRICS_FILE = 'final_metrics.json'
 
 
 def schedule(config) -> optax.Schedule:
-  """The learning rate of each optimizer update (equation 3, scaled): the
-  schedule inside :func:`build_model_and_optimizer`'s optimizer."""
+  """The learning rate of each optimizer update: the schedule inside
+  :func:`build_model_and_optimizer`'s optimizer. ``lr_schedule`` 'paper' is
+  equation 3 scaled by ``lr_scale``; 'linear' (for fine-tuning) warms up to
+  ``learning_rate`` and decays linearly over the run."""
+  if config.get('lr_schedule', 'paper') == 'linear':
+    return optim.linear_schedule(config.learning_rate, config.warmup_steps,
+                                 config.num_train_steps)
   return optim.paper_schedule(config.model.d_model, config.warmup_steps,
                               config.lr_scale)
 
@@ -48,7 +57,8 @@ def build_model_and_optimizer(config, vocab_size: int):
   model = model_lib.build(model_config(config, vocab_size))
   tx = optim.make_optimizer(
       d_model=config.model.d_model, warmup_steps=config.warmup_steps,
-      lr_scale=config.lr_scale, b1=config.adam_b1, b2=config.adam_b2,
+      lr_scale=config.lr_scale, learning_rate=schedule(config),
+      b1=config.adam_b1, b2=config.adam_b2,
       eps=config.adam_eps, grad_clip_norm=config.grad_clip_norm,
       grad_accum_steps=config.grad_accum_steps)
   return model, tx
@@ -73,8 +83,82 @@ def write_config(workdir: str, config_json: dict) -> None:
       json.dump(config_json, f, indent=2)
 
 
+def tokenizer_path(workdir: str) -> str:
+  """Where a workdir keeps its tokenizer: ``marian_tokenizer/`` if there is
+  one, else ``tokenizer.model`` (which need not exist yet)."""
+  marian = os.path.join(workdir, marian_tokenizer.DIRNAME)
+  return marian if os.path.isdir(marian) else os.path.join(workdir,
+                                                           TOKENIZER_FILE)
+
+
+def load_tokenizer(path: str):
+  """A tokenizer from a workdir, a ``.model`` file or a Marian tokenizer
+  folder: a :class:`Tokenizer` or a
+  :class:`~xfmr_jax.marian_tokenizer.MarianTokenizer` (same interface)."""
+  if os.path.isdir(path):
+    path = tokenizer_path(path)
+    if not os.path.exists(path) and os.path.exists(
+        os.path.join(os.path.dirname(path), 'vocab.json')):
+      path = os.path.dirname(path)  # a folder of Marian's three files
+  if os.path.isdir(path):
+    return marian_tokenizer.MarianTokenizer.load(path)
+  return Tokenizer.load(path)
+
+
+def apply_init_from(config):
+  """``config`` itself, or with ``init_from`` set, an unlocked copy whose
+  model and vocabulary are those of the workdir ``init_from`` (for example an
+  imported Marian model), keeping this config's
+  ``model.{dropout_rate, attention_dropout_rate, dtype, remat,
+  attention_impl}``. The run then starts from that workdir's newest
+  parameters (:func:`init_params`) and tokenizer."""
+  if not config.get('init_from'):
+    return config
+  source = config.init_from
+  if not os.path.isdir(source):
+    raise ConfigError(f'config.init_from {source!r} is not a directory')
+  if not os.path.exists(os.path.join(source, CONFIG_FILE)):
+    raise ConfigError(f'config.init_from {source!r} is not a workdir: it has '
+                      f'no {CONFIG_FILE}')
+  saved = read_config(source)
+  resolved = ml_collections.ConfigDict(config.to_dict())
+  model = dict(saved['model'])
+  for name in CHANGEABLE_MODEL_FIELDS:
+    if name in config.model:
+      model[name] = config.model[name]
+  resolved.model = ml_collections.ConfigDict(model)
+  for name in ('vocab_size', 'tokenizer_type'):
+    if name in saved:
+      resolved[name] = saved[name]
+  return resolved
+
+
+def init_params(config, like):
+  """The newest parameters of ``config.init_from``, laid out like the params
+  tree ``like`` (this run's fresh ones); a ConfigError naming the first
+  parameter whose path or shape differs."""
+  _, params, _, _ = load_for_inference(config.init_from)
+  want = jax.tree_util.tree_flatten_with_path(like)[0]
+  have = dict(jax.tree_util.tree_flatten_with_path(params)[0])
+  for path, leaf in want:
+    name = jax.tree_util.keystr(path)
+    if path not in have or have[path].shape != leaf.shape:
+      found = have[path].shape if path in have else 'nothing'
+      raise ConfigError(f'config.init_from {config.init_from!r}: parameter '
+                        f'{name} should be {leaf.shape}, found {found}')
+  if len(have) != len(want):
+    raise ConfigError(f'config.init_from {config.init_from!r} has parameters '
+                      'this model does not')
+  return jax.tree.map(lambda p, x: jax.device_put(p, x.sharding), params, like)
+
+
 def get_tokenizer(config, workdir: str, train_source) -> Tokenizer:
-  """The workdir's tokenizer, else ``tokenizer_path``, else a new one."""
+  """The workdir's tokenizer, else ``init_from``'s, else ``tokenizer_path``,
+  else a new one (saved in the workdir)."""
+  marian = os.path.isdir(os.path.join(workdir, marian_tokenizer.DIRNAME))
+  if jax.process_count() > 1 and (marian or config.get('init_from')):
+    # Files every process reads (the workdir is on a shared filesystem).
+    return _get_tokenizer(config, workdir, train_source)
   if jax.process_count() > 1:  # every process must use process 0's tokenizer
     from jax.experimental import multihost_utils
     proto = (_get_tokenizer(config, workdir, train_source).model_proto
@@ -89,11 +173,13 @@ def get_tokenizer(config, workdir: str, train_source) -> Tokenizer:
 
 
 def _get_tokenizer(config, workdir: str, train_source) -> Tokenizer:
-  saved = os.path.join(workdir, TOKENIZER_FILE)
+  saved = tokenizer_path(workdir)
   if os.path.exists(saved):
-    return Tokenizer.load(saved)
-  if config.tokenizer_path:
-    tokenizer = Tokenizer.load(config.tokenizer_path)
+    return load_tokenizer(saved)
+  if config.get('init_from'):
+    tokenizer = load_tokenizer(config.init_from)
+  elif config.tokenizer_path:
+    tokenizer = load_tokenizer(config.tokenizer_path)
   else:
     n = min(len(train_source), config.tokenizer_max_sentences // 2)
     indices = np.linspace(0, len(train_source) - 1, n).astype(int).tolist()
@@ -111,13 +197,13 @@ def _get_tokenizer(config, workdir: str, train_source) -> Tokenizer:
 def load_for_inference(workdir: str, step: int | None = None):
   """``(model, params, tokenizer, config)`` from a training workdir."""
   workdir = os.path.abspath(workdir)
-  tok_path = os.path.join(workdir, TOKENIZER_FILE)
+  tok_path = tokenizer_path(workdir)
   ckpt_dir = os.path.join(workdir, CHECKPOINT_DIR)
   for path in (tok_path, ckpt_dir, os.path.join(workdir, CONFIG_FILE)):
     if not os.path.exists(path):
       raise checkpoint.CheckpointError(
           f'{workdir} is not a training workdir: {path} is missing')
-  tokenizer = Tokenizer.load(tok_path)
+  tokenizer = load_tokenizer(tok_path)
   config = ml_collections.ConfigDict(read_config(workdir))
   model, tx = build_model_and_optimizer(config, tokenizer.vocab_size)
   abstract = jax.eval_shape(

@@ -24,9 +24,9 @@ import jax
 import numpy as np
 from jax import export as jax_export
 
-from xfmr_jax import source_batches
+from xfmr_jax import marian_tokenizer, source_batches
 from xfmr_jax.source_batches import InputTooLong
-from xfmr_jax.tokenizer import Tokenizer, TokenizerError
+from xfmr_jax.tokenizer import MODEL_FILENAME, Tokenizer, TokenizerError
 
 FORMAT = 1  # the artifact layout (written by xfmr_jax.export)
 MANIFEST = 'manifest.json'
@@ -111,8 +111,11 @@ class ExportedTranslator:
           f'{path} was exported for {manifest["platforms"]}, not for this '
           f'{backend} backend: export it with --platforms={backend}')
     try:
-      self.tokenizer = Tokenizer.load(os.path.join(path, 'tokenizer.model'))
-    except TokenizerError as e:
+      if os.path.isdir(os.path.join(path, marian_tokenizer.DIRNAME)):
+        self.tokenizer = marian_tokenizer.MarianTokenizer.load(path)
+      else:
+        self.tokenizer = Tokenizer.load(os.path.join(path, MODEL_FILENAME))
+    except (TokenizerError, FileNotFoundError) as e:
       raise ArtifactError(str(e)) from None
     self.params = [jax.device_put(x) for x in _load_params(path, manifest)]
     self.buckets = list(manifest['buckets'])

@@ -122,6 +122,11 @@ class Tokenizer:
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return self._sp.encode(list(texts))
 
+  # One model serves both sides. (A tokenizer with a model per side, such as
+  # :class:`xfmr_jax.marian_tokenizer.MarianTokenizer`, differs here only.)
+  encode_target = encode
+  encode_target_batch = encode_batch
+
   def decode(self, ids) -> str:
     """Text of ``ids`` up to the first EOS, ignoring PAD; accepts numpy."""
     ids = np.asarray(ids).reshape(-1).tolist()

@@ -80,6 +80,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
   wall_start = time.time()
+  config = run_dir.apply_init_from(config)
   validate_config(config)
   workdir = os.path.abspath(workdir)
   config_json = json.loads(config.to_json_best_effort())
@@ -128,9 +129,12 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
   if restored is not None:
     step0, state, data_state, _ = restored
     data_state = checkpoint.process_data_state(data_state)
-    if data_state is not None:
+    if data_state:  # an imported model's checkpoint has no data position
       train_iter.set_state(data_state)
     log.info('resumed from checkpoint %d in %s', step0, ckpt.directory)
+  elif config.get('init_from'):
+    state = state.replace(params=run_dir.init_params(config, state.params))
+    log.info('starting from the parameters of %s', config.init_from)
   run_dir.write_config(workdir, config_json)
   writer = MetricsWriter(workdir, resume_step=step0)
   stopping = lambda: stop['signal'] is not None

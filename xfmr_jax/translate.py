@@ -15,12 +15,31 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from xfmr_jax import decode, run_dir, source_batches
+from xfmr_jax import decode, hf_beam, run_dir, source_batches
 from xfmr_jax.model import SequenceModel
 from xfmr_jax.source_batches import BUCKETS, InputTooLong
 from xfmr_jax.tokenizer import Tokenizer
 
-__all__ = ['BUCKETS', 'InputTooLong', 'Translator']
+__all__ = ['BEAM_RULES', 'BUCKETS', 'InputTooLong', 'Translator', 'search']
+
+
+BEAM_RULES = ('gnmt', 'hf')
+
+
+def search(model: SequenceModel, params, inputs, *, beam_size: int,
+           alpha: float, beam_rules: str, max_decode_len: int):
+  """``[batch, s]`` source ids -> ``[batch, max_decode_len]`` output ids:
+  greedy for ``beam_size`` 1, else beam search under ``beam_rules`` ('gnmt':
+  :func:`xfmr_jax.decode.beam_search`; 'hf': :func:`xfmr_jax.hf_beam.
+  beam_search`, Hugging Face ``generate``'s scoring). Traceable: the exported
+  translator (:mod:`xfmr_jax.export`) runs this same function."""
+  if beam_size == 1:
+    return decode.greedy_decode(model, params, inputs,
+                                max_decode_len=max_decode_len)
+  beam = hf_beam.beam_search if beam_rules == 'hf' else decode.beam_search
+  out, _ = beam(model, params, inputs, beam_size=beam_size, alpha=alpha,
+                max_decode_len=max_decode_len)
+  return out
 
 
 class Translator:
@@ -29,6 +48,9 @@ class Translator:
   Args:
     model, params, tokenizer: the trained model.
     beam_size: 1 = greedy; otherwise beam search with length penalty ``alpha``.
+    beam_rules: 'gnmt' (:func:`xfmr_jax.decode.beam_search`) or 'hf'
+      (:func:`xfmr_jax.hf_beam.beam_search`, Hugging Face ``generate``'s
+      scoring, for imported models; ``alpha`` is its ``length_penalty``).
     max_decode_extra: decode up to (bucketed input length + this) tokens.
     batch_size: sentences per decoder call (the last call is padded).
     too_long: 'truncate' (warn on stderr) or 'error' for inputs longer than
@@ -39,14 +61,17 @@ class Translator:
 
   def __init__(self, model: SequenceModel, params, tokenizer: Tokenizer, *,
                beam_size: int = 1, alpha: float = 0.6,
+               beam_rules: str = 'gnmt',
                max_decode_extra: int = decode.DECODE_EXTRA,
                batch_size: int = 64,
                too_long: str = 'truncate', temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int = 0):
+    if beam_rules not in BEAM_RULES:
+      raise ValueError(f"beam_rules must be 'gnmt' or 'hf', got {beam_rules!r}")
     if too_long not in ('truncate', 'error'):
       raise ValueError(f"too_long must be 'truncate' or 'error', got {too_long!r}")
     self.model, self.params, self.tokenizer = model, params, tokenizer
-    self.beam_size, self.alpha = beam_size, alpha
+    self.beam_size, self.alpha, self.beam_rules = beam_size, alpha, beam_rules
     self.max_decode_extra, self.batch_size = max_decode_extra, batch_size
     self.too_long = too_long
     self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
@@ -56,8 +81,14 @@ class Translator:
 
   @classmethod
   def from_workdir(cls, workdir: str, step: int | None = None, **kwargs):
-    """Load the newest (or given) checkpoint of a training workdir once."""
-    model, params, tokenizer, _ = run_dir.load_for_inference(workdir, step)
+    """Load the newest (or given) checkpoint of a training workdir once.
+
+    ``beam_rules`` and ``alpha`` default to the workdir config's
+    ``beam_rules`` and ``beam_alpha`` (an imported Marian model's are 'hf' and
+    1.0, as ``generate`` scores)."""
+    model, params, tokenizer, config = run_dir.load_for_inference(workdir, step)
+    kwargs.setdefault('beam_rules', config.get('beam_rules', 'gnmt'))
+    kwargs.setdefault('alpha', config.get('beam_alpha', 0.6))
     return cls(model, params, tokenizer, **kwargs)
 
   @staticmethod
@@ -74,13 +105,10 @@ class Translator:
       out = decode.sample(self.model, self.params, inputs, key,
                           temperature=self.temperature, top_k=self.top_k,
                           top_p=self.top_p, max_decode_len=length)
-    elif self.beam_size > 1:
-      out, _ = decode.beam_search(self.model, self.params, inputs,
-                                  beam_size=self.beam_size, alpha=self.alpha,
-                                  max_decode_len=length)
     else:
-      out = decode.greedy_decode(self.model, self.params, inputs,
-                                 max_decode_len=length)
+      out = search(self.model, self.params, inputs, beam_size=self.beam_size,
+                   alpha=self.alpha, beam_rules=self.beam_rules,
+                   max_decode_len=length)
     return np.asarray(out)
 
   def __call__(self, texts: Sequence[str]) -> list[str]:

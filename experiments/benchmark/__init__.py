@@ -29,9 +29,12 @@ recomputation not counted). MFU = model FLOP/s / measured matmul FLOP/s.
 
 The parts: ``cli`` (the command line, run by ``__main__``), ``common`` (sizes,
 machine description, timing and FLOP counting), ``train``, ``torch_reference``,
-``decode``, ``gpu_check`` and ``report`` (tables and JSON). The input
-pipeline has its own command: ``python -m experiments.benchmark.data_pipeline``
-(docs/data.md).
+``decode``, ``gpu_check`` and ``report`` (tables and JSON). Three benchmarks
+have commands of their own: ``python -m experiments.benchmark.data_pipeline``
+(the input pipeline, docs/data.md), ``python -m experiments.benchmark.serving``
+(the HTTP service, docs/serving.md) and ``python -m experiments.benchmark.marian``
+(an imported opus-mt-sized Marian model's beam search against
+``transformers``' ``generate``).
 """
 import os
 

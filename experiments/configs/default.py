@@ -37,15 +37,26 @@ def get_config() -> ml_collections.ConfigDict:
       activation='relu', share_embeddings=True, dtype='float32',
       scan_layers=False, remat=False,
       # Variants (see ModelConfig): positional 'rope'/'alibi',
-      # activation 'swiglu', num_kv_heads < num_heads (GQA, 1 = MQA),
-      # use_bias, model_kind 'decoder_only', attention_impl.
+      # activation 'swiglu'/'silu'/'gelu', num_kv_heads < num_heads (GQA,
+      # 1 = MQA), use_bias, model_kind 'decoder_only', attention_impl,
+      # sinusoid_layout 'halves' and logits_bias 'learned'/'fixed' (Marian's).
       num_kv_heads=0, use_bias=True, model_kind='encoder_decoder',
-      attention_impl='auto'))
+      attention_impl='auto', layer_norm_epsilon=1e-6,
+      sinusoid_layout='interleaved', logits_bias='none'))
+  # Start from another workdir's newest parameters, model and tokenizer (for
+  # example one written by python -m experiments.import_marian) when this
+  # workdir has no checkpoint yet: fine-tuning. '' = from scratch.
+  c.init_from = ''
   # Optimisation (section 5.3-5.4).
   c.batch_size = 64            # rows per step (all processes together)
   c.num_train_steps = 100_000
   c.warmup_steps = 4000
   c.lr_scale = 1.0             # multiplies the paper's learning-rate formula
+  # 'paper' (equation 3 times lr_scale) or 'linear': warmup to learning_rate
+  # over warmup_steps, then linear decay over the run (fine-tuning).
+  c.lr_schedule = 'paper'
+  c.learning_rate = 0.0        # peak rate of lr_schedule='linear'
+
   c.adam_b1 = 0.9
   c.adam_b2 = 0.98
   c.adam_eps = 1e-9
@@ -67,6 +78,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Decoding for BLEU and exact match.
   c.beam_size = 1              # 1 = greedy
   c.beam_alpha = 0.6
+  # Beam scoring: 'gnmt' (log p / ((5 + len) / 6) ** alpha, this library's) or
+  # 'hf' (Hugging Face generate's: log p / len ** alpha, see xfmr_jax.hf_beam).
+  c.beam_rules = 'gnmt'
   c.max_decode_extra = 50      # decode up to input length + this
   # Sharding (xfmr_jax/sharding.py). The devices form a mesh (data, fsdp,
   # model); parallelism picks its shape: 'dp' (-1, 1, 1), 'fsdp' (1, -1, 1),

@@ -39,7 +39,7 @@ def read_pairs(source, indices: Sequence[int]) -> list:
 def tokenize_pairs(pairs, tokenizer: Tokenizer) -> list:
   """``[(src, tgt)]`` -> ``[(inputs, targets)]`` int32 arrays ending in EOS."""
   sources = tokenizer.encode_batch([p[0] for p in pairs])
-  targets = tokenizer.encode_batch([p[1] for p in pairs])
+  targets = tokenizer.encode_target_batch([p[1] for p in pairs])
   return [(np.asarray(s + [EOS], np.int32), np.asarray(t + [EOS], np.int32))
           for s, t in zip(sources, targets)]
 

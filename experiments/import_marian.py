@@ -1,0 +1,61 @@
+"""Import a Hugging Face Marian (opus-mt) model into a workdir.
+
+    python -m experiments.import_marian --hf_dir=opus-mt-en-de --workdir=OUT
+
+``--hf_dir`` is a downloaded model directory (``config.json``,
+``model.safetensors`` or ``pytorch_model.bin``, ``source.spm``,
+``target.spm``, ``vocab.json``). ``OUT`` becomes a workdir like a trained
+one: ``python -m experiments.translate --workdir=OUT`` translates with it
+(beam search under Hugging Face's scoring rules), and ``python -m
+experiments.train_wmt --config=experiments/configs/finetune.py
+--config.init_from=OUT ...`` fine-tunes it. No network and no torch are
+needed (except to read a ``pytorch_model.bin``).
+"""
+from __future__ import annotations
+
+import logging
+
+from absl import flags
+from absl import logging as absl_logging
+
+from experiments import entry
+
+_HF_DIR = flags.DEFINE_string('hf_dir', None, 'Hugging Face Marian model '
+                              'directory.', required=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Workdir to create.',
+                               required=True)
+
+
+def training_config(fields: dict, vocab_size: int, generation: dict):
+  """The workdir's ``config.json``: the fine-tuning config with the imported
+  model, vocabulary and decoding defaults."""
+  from experiments.configs import finetune
+  config = finetune.get_config()
+  config.model.update(fields)
+  config.vocab_size = vocab_size
+  config.beam_size = generation['beam_size']
+  config.beam_alpha = generation['beam_alpha']
+  config.beam_rules = 'hf'
+  config.max_length = min(config.max_length, fields['max_len'])
+  config.eval_max_length = min(config.eval_max_length, fields['max_len'])
+  return config
+
+
+def main(argv):
+  if len(argv) > 1:
+    entry.fail(f'unexpected arguments: {argv[1:]}')
+  if not entry.verbose():
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    logging.getLogger().setLevel(logging.WARNING)
+  from xfmr_jax import marian, model as model_lib
+  fields, params, tokenizer, generation = marian.read_hf_dir(_HF_DIR.value)
+  config = training_config(fields, tokenizer.vocab_size, generation)
+  marian.write_workdir(_WORKDIR.value, config, params, tokenizer)
+  print(f'imported {model_lib.param_count(params) / 1e6:.1f}M parameters '
+        f'(d_model {fields["d_model"]}, {fields["num_encoder_layers"]}+'
+        f'{fields["num_decoder_layers"]} layers, vocab {tokenizer.vocab_size}) '
+        f'into {_WORKDIR.value}')
+
+
+if __name__ == '__main__':
+  entry.run(main)

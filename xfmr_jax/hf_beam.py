@@ -1,0 +1,167 @@
+"""Beam search under Hugging Face ``generate``'s rules, one ``jax.jit``.
+
+A model imported from Hugging Face (:mod:`xfmr_jax.marian`) translates as
+``model.generate(num_beams=k)`` does only if the search scores and stops as
+``generate`` does, which differs from :func:`xfmr_jax.decode.beam_search` (the
+GNMT rules) in five ways:
+
+* the length penalty is ``len ** alpha`` (``length_penalty``, 1.0 by default
+  there), ``len`` counting the generated tokens with the EOS;
+* each step ranks ``2k`` extensions of the ``k`` alive beams, so ``k`` beams
+  stay alive after some end; an extension ending in EOS is a finished
+  hypothesis only if it ranks among the first ``k``;
+* the pad id is banned after the log-softmax (a logits processor acting on
+  log-probabilities; Marian checkpoints ship ``bad_words_ids=[[pad]]``), so
+  the other log-probabilities are not renormalised;
+* at the last position every alive beam must end: EOS is forced (Marian's
+  ``forced_eos_token_id``) at log-probability 0, and all extensions become
+  finished hypotheses;
+* ``early_stopping=False``: a row stops once its ``k`` finished hypotheses all
+  beat its best alive beam's score at the current length.
+
+``max_decode_len`` is ``generate``'s ``max_new_tokens`` (``max_length`` minus
+the decoder start token). The decoding loop, cache and conventions are those
+of :mod:`xfmr_jax.decode`: start symbol 0, EOS 1, outputs 0 after EOS.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from xfmr_jax import decode
+from xfmr_jax.token_ids import EOS, PAD
+
+_OFF = -1.0e9  # generate's "impossible" score offset
+
+
+def _finish_scores(fin_scores, fin_seqs, fin_done, scores, seqs, done):
+  """Merge new finished candidates (scored, or ``_OFF``-offset if not) into
+  the ``k`` best finished hypotheses. ``*_seqs`` ``[batch, n, length]``."""
+  k = fin_scores.shape[1]
+  merged = jnp.concatenate([fin_scores, scores], axis=1)
+  best, pick = jax.lax.top_k(merged, k)
+  take = lambda x: jnp.take_along_axis(x, pick.reshape(
+      pick.shape + (1,) * (x.ndim - 2)), axis=1)
+  return (best, take(jnp.concatenate([fin_seqs, seqs], axis=1)),
+          take(jnp.concatenate([fin_done, done], axis=1)))
+
+
+def _best_extensions(logits, alive_logp, n, forced):
+  """The ``n`` best ``alive_logp + log p(token)`` over every beam and token,
+  as ``generate`` ranks them, without materialising the log-softmax.
+
+  The n best of all ``k * vocab`` extensions are among the n best of each
+  beam, so a per-beam top-n of the logits, shifted by their logsumexp,
+  then a top-n of those ``k * n`` gives the same extensions as a top-n of the
+  whole log-softmax (one pass over the vocabulary instead of three). The pad
+  id is banned after the normalisation, as ``generate``'s processor does;
+  ``forced`` (traced bool) leaves only EOS, at log-probability 0.
+
+  Args:
+    logits: ``[batch * k, vocab]``; alive_logp: ``[batch, k]``.
+
+  Returns:
+    ``(logp [batch, n], parent [batch, n], token [batch, n])``, best first.
+  """
+  batch, k = alive_logp.shape
+  lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+  values, tokens = jax.lax.top_k(logits.at[:, PAD].set(-jnp.inf), n)
+  logp = values - lse                                       # [batch * k, n]
+  first = jnp.arange(n) == 0
+  logp = jnp.where(forced, jnp.where(first, 0.0, -jnp.inf), logp)
+  tokens = jnp.where(forced, jnp.where(first, EOS, PAD), tokens)
+  candidates = (alive_logp[..., None] + logp.reshape(batch, k, n))
+  best, index = jax.lax.top_k(candidates.reshape(batch, k * n), n)
+  token = jnp.take_along_axis(tokens.reshape(batch, k * n), index, axis=1)
+  return best, index // n, token
+
+
+def _reorder(path, x, rows, axis):
+  """Self-attention caches follow their beams; the cross-attention ones (the
+  encoder's keys and values) are the same for every beam of a sentence and
+  parents never cross sentences, so they stay."""
+  if any(getattr(p, 'key', None) == 'cross_attention' for p in path):
+    return x
+  return jnp.take(x, rows, axis=axis)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    'model', 'beam_size', 'alpha', 'max_decode_len', 'force_eos'))
+def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
+                max_decode_len=None, force_eos=True):
+  """``generate(num_beams=beam_size, length_penalty=alpha)`` in JAX.
+
+  Args:
+    model, params, inputs: as in :func:`xfmr_jax.decode.beam_search`
+      (``inputs`` ``[batch, s]`` 0-padded int32).
+    beam_size, alpha: static; ``alpha`` is ``generate``'s ``length_penalty``.
+    max_decode_len: static; default ``s + 50`` capped by ``config.max_len``.
+    force_eos: static; force EOS at the last position (``forced_eos_token_id``).
+
+  Returns:
+    ``(tokens [batch, max_decode_len] int32, scores [batch] float32)``: the
+    best finished hypothesis and its ``sum log p / len ** alpha``.
+  """
+  decode.TRACE_COUNTS['hf_beam_search'] += 1
+  variables = decode._variables(params)  # pylint: disable=protected-access
+  length = decode.decode_length(model.config, inputs.shape[1], max_decode_len)
+  batch, k = inputs.shape[0], beam_size
+  cache = decode._init_cache(model, variables, inputs, length)  # pylint: disable=protected-access
+  axis = decode._batch_axis(model)  # pylint: disable=protected-access
+  cache = jax.tree.map(lambda x: jnp.repeat(x, k, axis=axis), cache)
+  beam_inputs = jnp.repeat(inputs, k, axis=0)
+  zeros = jnp.zeros((batch, k, length), jnp.int32)
+  beams = dict(
+      alive_seqs=zeros,
+      alive_logp=jnp.tile(jnp.asarray([0.0] + [_OFF] * (k - 1)), (batch, 1)),
+      fin_seqs=zeros, fin_scores=jnp.full((batch, k), _OFF),
+      fin_done=jnp.zeros((batch, k), bool),
+      # generate's is_early_stop_heuristic_unsatisfied, per row
+      open=jnp.ones((batch,), bool),
+      all_ended=jnp.zeros((), bool))
+  in_top_k = jnp.arange(2 * k) < k
+
+  def cond(state):
+    t, beams, _ = state
+    return (t < length) & jnp.any(beams['open']) & ~beams['all_ended']
+
+  def body(state):
+    t, beams, cache = state
+    logits, cache = decode._step(  # pylint: disable=protected-access
+        model, variables, cache, beam_inputs,
+        beams['alive_seqs'].reshape(batch * k, length), t, length)
+    top_logp, parent, token = _best_extensions(
+        logits, beams['alive_logp'], 2 * k,
+        force_eos & (t == length - 1))                    # [batch, 2k]
+    seqs = jnp.take_along_axis(beams['alive_seqs'], parent[..., None], axis=1)
+    seqs = seqs.at[:, :, t].set(token)
+    ended = (token == EOS) | (t + 1 >= length)
+    # The k best unended extensions stay alive (ended ones only as fillers).
+    running = top_logp + jnp.where(ended, _OFF, 0.0)
+    alive_logp, alive = jax.lax.top_k(running, k)
+    alive_seqs = jnp.take_along_axis(seqs, alive[..., None], axis=1)
+    parent = jnp.take_along_axis(parent, alive, axis=1)
+    # Finished: ended among the first k ranks, while the row is still open.
+    new_done = ended & in_top_k[None, :]
+    scores = top_logp / (t + 1.0) ** alpha
+    scores = scores + jnp.where(new_done & beams['open'][:, None], 0.0, _OFF)
+    fin_scores, fin_seqs, fin_done = _finish_scores(
+        beams['fin_scores'], beams['fin_seqs'], beams['fin_done'], scores,
+        seqs, new_done)
+    # generate's early_stopping=False heuristic at the new length t + 1.
+    best_alive = alive_logp[:, :1] / (t + 1.0) ** alpha
+    worst = jnp.where(fin_done, jnp.min(fin_scores, axis=1, keepdims=True),
+                      _OFF)
+    still_open = beams['open'] & jnp.any(best_alive > worst, axis=1)
+    rows = (jnp.arange(batch)[:, None] * k + parent).reshape(-1)
+    cache = jax.tree_util.tree_map_with_path(
+        lambda path, x: _reorder(path, x, rows, axis), cache)
+    return t + 1, dict(alive_seqs=alive_seqs, alive_logp=alive_logp,
+                       fin_seqs=fin_seqs, fin_scores=fin_scores,
+                       fin_done=fin_done, open=still_open,
+                       all_ended=jnp.all(ended)), cache
+
+  _, beams, _ = jax.lax.while_loop(cond, body, (0, beams, cache))
+  return beams['fin_seqs'][:, 0], beams['fin_scores'][:, 0]
