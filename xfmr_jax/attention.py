@@ -115,11 +115,13 @@ def _pallas_flash():
   return getattr(flash_attention, 'flash_attention', None)
 
 
-def _fused(query, key, value, mask, bias, implementation):
+def _fused(query, key, value, mask, bias, implementation, local_window=None):
   """The same attention through jax's fused paths (no weights returned)."""
   mask4 = None if mask is None else jnp.broadcast_to(
       mask, (mask.shape[0], mask.shape[1], query.shape[1], key.shape[1]))
   if implementation == 'pallas':
+    if local_window is not None:
+      raise ValueError("the Pallas kernel has no local window; use 'xla'")
     # The kernel takes [batch, heads, length, d] and one additive bias; a
     # boolean mask becomes a large negative bias.
     heads = query.shape[-2]
@@ -136,7 +138,8 @@ def _fused(query, key, value, mask, bias, implementation):
     return out.transpose(0, 2, 1, 3)
   return jax.nn.dot_product_attention(
       query, key, value, bias=None if bias is None else bias.astype(
-          query.dtype), mask=mask4, implementation=implementation)
+          query.dtype), mask=mask4, implementation=implementation,
+      local_window_size=local_window)
 
 
 def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
@@ -147,7 +150,8 @@ def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
                           dropout_rate: float = 0.0,
                           dropout_rng: jax.Array | None = None,
                           return_weights: bool = False,
-                          implementation: str = 'reference'):
+                          implementation: str = 'reference',
+                          local_window: tuple[int, int] | None = None):
   """``Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V`` (equation 1).
 
   Args:
@@ -160,6 +164,9 @@ def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
     implementation: one of IMPLEMENTATIONS ('auto' goes through
       :func:`resolve_implementation`); only 'reference' returns or drops out
       weights.
+    local_window: ``(before, after)``: query i sees only keys ``i - before ..
+      i + after``, in the fused implementations ('xla', 'cudnn'; the
+      blockwise form is :mod:`xfmr_jax.local_attention`).
 
   Returns:
     ``[batch, q_length, heads, head_dim_v]`` in ``query.dtype`` (and the
@@ -171,11 +178,14 @@ def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
     if return_weights or (dropout_rate > 0.0 and dropout_rng is not None):
       raise ValueError(f'implementation {implementation!r} neither returns '
                        "nor drops out attention weights; use 'reference'")
-    out = _fused(query, key, value, mask, bias, implementation)
+    out = _fused(query, key, value, mask, bias, implementation, local_window)
     if mask is not None:  # fused kernels average a fully masked row instead
       visible = jnp.any(mask, axis=-1).transpose(0, 2, 1)[..., None]
       out = jnp.where(visible, out, 0)
     return out.astype(query.dtype)
+  if local_window is not None:
+    raise ValueError("local_window needs a fused implementation ('xla' or "
+                     "'cudnn'); 'reference' is xfmr_jax.local_attention")
   weights = attention_weights(query, key, mask, bias)
   probs = weights
   if dropout_rate > 0.0 and dropout_rng is not None:
