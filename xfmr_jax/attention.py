@@ -133,8 +133,11 @@ def _fused(query, key, value, mask, bias, implementation, local_window=None):
     if total is not None:
       total = jnp.broadcast_to(total, (query.shape[0], heads, query.shape[1],
                                        key.shape[1]))
-    out = _pallas_flash()(to_bhld(query), to_bhld(key), to_bhld(value),
-                          ab=total, sm_scale=query.shape[-1] ** -0.5)
+    # The kernel adds ``ab`` before it multiplies by ``sm_scale``; scaling
+    # the queries here instead leaves the bias unscaled, as in the reference.
+    scaled = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
+    out = _pallas_flash()(to_bhld(scaled), to_bhld(key), to_bhld(value),
+                          ab=total, sm_scale=1.0)
     return out.transpose(0, 2, 1, 3)
   return jax.nn.dot_product_attention(
       query, key, value, bias=None if bias is None else bias.astype(
