@@ -15,6 +15,14 @@ from xfmr_jax import (attention, config, decode, linear_attention,
                       local_attention, masks, model, train_state, train_steps)
 
 B, N, H, KV, D = 2, 13, 4, 2, 8
+# Jitted once per static setting: eager dispatch of their many small ops
+# would cost most of this file's time.
+local = jax.jit(local_attention.local_attention,
+                static_argnames=('window', 'causal', 'global_tokens'))
+cached_local = jax.jit(local_attention.cached_attention,
+                       static_argnames=('window', 'global_tokens'))
+linear = jax.jit(linear_attention.linear_attention,
+                 static_argnames=('causal', 'chunk'))
 
 
 def qkv(seed, n=N, heads=H, kv_heads=KV, d=D):
@@ -36,7 +44,7 @@ SEGMENTS = np.array([[1] * 6 + [2] * 5 + [0] * 2, [1] * 11 + [0] * 2],
     (5, False, 0)])
 def test_local_matches_float64_reference(window, causal, global_tokens):
   q, k, v = qkv(window)
-  got = local_attention.local_attention(
+  got = local(
       q, k, v, SEGMENTS, window=window, causal=causal,
       global_tokens=global_tokens)
   mask = reference.local_mask(SEGMENTS, window, causal, global_tokens)
@@ -51,7 +59,7 @@ def test_local_with_a_window_covering_the_row_is_full_attention(causal):
   mask = masks.SelfMask(jnp.asarray(SEGMENTS), causal)
   full = attention.dot_product_attention(q, k, v, mask.dense())
   for window in (N - 1, N, 40):
-    local = local_attention.local_attention(q, k, v, SEGMENTS, window=window,
+    local = local(q, k, v, SEGMENTS, window=window,
                                             causal=causal)
     np.testing.assert_allclose(local, full, atol=1e-6)
 
@@ -80,7 +88,7 @@ def test_fused_local_window_equals_the_blockwise_form(causal):
   fused = local_attention.fused_local_attention(
       q, k, v, jnp.asarray(SEGMENTS), window=3, causal=causal,
       implementation='xla')
-  blockwise = local_attention.local_attention(q, k, v, SEGMENTS, window=3,
+  blockwise = local(q, k, v, SEGMENTS, window=3,
                                               causal=causal)
   np.testing.assert_allclose(fused, blockwise, atol=1e-6)
 
@@ -93,7 +101,7 @@ def test_local_cache_step_by_step_equals_the_parallel_form(window,
   q, k, v = qkv(3, n=9)
   seg = np.ones((B, 9), np.int32)
   seg[1, 2] = 0  # a hidden key (e.g. source padding) in the middle
-  want = local_attention.local_attention(q, k, v, seg, window=window,
+  want = local(q, k, v, seg, window=window,
                                          causal=True,
                                          global_tokens=global_tokens)
   cache = local_attention.init_cache(B, KV, D, window=window,
@@ -103,7 +111,7 @@ def test_local_cache_step_by_step_equals_the_parallel_form(window,
   for size in (1, 5, 3):
     sl = slice(start, start + size)
     pos = jnp.broadcast_to(jnp.arange(start, start + size), (B, size))
-    out, cache = local_attention.cached_attention(
+    out, cache = cached_local(
         cache, q[:, sl], k[:, sl], v[:, sl], jnp.asarray(seg[:, sl] > 0), pos,
         start, window=window, global_tokens=global_tokens)
     pieces.append(out)
@@ -132,7 +140,7 @@ def _features(name, q, k, m=32):
 def test_linear_matches_float64_reference(feature_map, causal, chunk):
   q, k, v = qkv(4)
   qf, kf, qf64, kf64 = _features(feature_map, q, k)
-  out = linear_attention.linear_attention(qf, kf, v, jnp.asarray(SEGMENTS),
+  out = linear(qf, kf, v, jnp.asarray(SEGMENTS),
                                           causal=causal, chunk=chunk)
   out = out[0] if causal else out
   want = reference.linear_attention(qf64, kf64, v,
@@ -178,7 +186,7 @@ def favor_error(num_features, seeds=4):
   def run(seed):
     w = linear_attention.favor_projection(jax.random.key(seed), num_features,
                                           16)
-    return linear_attention.linear_attention(
+    return linear(
         linear_attention.favor_features(q, w, is_query=True),
         linear_attention.favor_features(k, w, is_query=False), v, seg,
         causal=False)
@@ -203,12 +211,12 @@ def test_linear_recurrent_decoding_equals_the_parallel_causal_form(
   qf, kf, _, _ = _features(feature_map, q, k)
   visible = np.ones((B, 10), np.int32)
   visible[0, 3] = 0  # a hidden key
-  want, final = linear_attention.linear_attention(qf, kf, v, visible,
+  want, final = linear(qf, kf, v, visible,
                                                   causal=True, chunk=4)
   state = linear_attention.init_state(B, KV, qf.shape[-1], D)
   outs = []
   for t in range(10):
-    out, state = linear_attention.linear_attention(
+    out, state = linear(
         qf[:, t:t + 1], kf[:, t:t + 1], v[:, t:t + 1], visible[:, t:t + 1],
         causal=True, state=state)
     outs.append(out)

@@ -15,9 +15,12 @@ for 'auto'.
 """
 from __future__ import annotations
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 
+from xfmr_jax import masks
 from xfmr_jax.dropout import dropout
 
 IMPLEMENTATIONS = ('reference', 'xla', 'cudnn', 'pallas')
@@ -115,6 +118,22 @@ def _pallas_flash():
   return getattr(flash_attention, 'flash_attention', None)
 
 
+def _pallas_self_attention(query, key, value, self_mask: masks.SelfMask):
+  """Self-attention through the Pallas kernel's own segment ids and causal
+  flag, so no ``[n, n]`` bias is formed (the kernel's memory stays O(n))."""
+  segment_ids = importlib.import_module(
+      'jax.experimental.pallas.ops.tpu.flash_attention').SegmentIds
+  heads = query.shape[-2]
+  to_bhld = lambda x: repeat_kv_heads(x, heads).transpose(0, 2, 1, 3)
+  seg = self_mask.segments.astype(jnp.int32)
+  scaled = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
+  out = _pallas_flash()(to_bhld(scaled), to_bhld(key), to_bhld(value),
+                        segment_ids=segment_ids(seg, seg),
+                        causal=self_mask.causal, sm_scale=1.0)
+  # The kernel lets padding (segment 0) attend to padding; zero those rows.
+  return jnp.where((seg > 0)[:, :, None, None], out.transpose(0, 2, 1, 3), 0)
+
+
 def _fused(query, key, value, mask, bias, implementation, local_window=None):
   """The same attention through jax's fused paths (no weights returned)."""
   mask4 = None if mask is None else jnp.broadcast_to(
@@ -161,7 +180,9 @@ def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
     query: ``[batch, q_length, heads, head_dim]``.
     key: ``[batch, k_length, kv_heads, head_dim]``; kv_heads divides heads.
     value: ``[batch, k_length, kv_heads, head_dim_v]``.
-    mask, bias: see :func:`attention_weights`.
+    mask, bias: see :func:`attention_weights`; ``mask`` may also be a
+      :class:`~xfmr_jax.masks.SelfMask`, which the Pallas kernel takes as
+      segment ids (with no bias) and the others expand.
     dropout_rate: dropout on the attention weights (needs ``dropout_rng``).
     return_weights: also return the ``[batch, heads, q, k]`` weights.
     implementation: one of IMPLEMENTATIONS ('auto' goes through
@@ -177,10 +198,15 @@ def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
   """
   if implementation != 'reference':
     implementation = resolve_implementation(implementation)  # or a clear error
-  if implementation != 'reference':
     if return_weights or (dropout_rate > 0.0 and dropout_rng is not None):
       raise ValueError(f'implementation {implementation!r} neither returns '
                        "nor drops out attention weights; use 'reference'")
+  if isinstance(mask, masks.SelfMask):
+    if implementation == 'pallas' and bias is None and local_window is None:
+      return _pallas_self_attention(query, key, value,
+                                    mask).astype(query.dtype)
+    mask = mask.dense()
+  if implementation != 'reference':
     out = _fused(query, key, value, mask, bias, implementation, local_window)
     if mask is not None:  # fused kernels average a fully masked row instead
       visible = jnp.any(mask, axis=-1).transpose(0, 2, 1)[..., None]

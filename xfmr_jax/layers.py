@@ -232,8 +232,6 @@ class MultiHeadAttention(nn.Module):
         k, v, key_positions, cache_mask = self._update_self_cache(
             k, v, positions if relative else None, cache_len, step)
         mask = cache_mask if mask is None else mask & cache_mask
-    if isinstance(mask, masks.SelfMask):
-      mask = mask.dense()
     bias = None
     if relative and cfg.positional == 'alibi':
       bias = positional.alibi_bias(positions, key_positions, cfg.num_heads)
