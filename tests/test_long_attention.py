@@ -59,9 +59,9 @@ def test_local_with_a_window_covering_the_row_is_full_attention(causal):
   mask = masks.SelfMask(jnp.asarray(SEGMENTS), causal)
   full = attention.dot_product_attention(q, k, v, mask.dense())
   for window in (N - 1, N, 40):
-    local = local(q, k, v, SEGMENTS, window=window,
+    banded = local(q, k, v, SEGMENTS, window=window,
                                             causal=causal)
-    np.testing.assert_allclose(local, full, atol=1e-6)
+    np.testing.assert_allclose(banded, full, atol=1e-6)
 
 
 def test_local_memory_grows_with_n_times_window():
@@ -274,8 +274,14 @@ def assert_close_where_real(a, b, targets, atol):
                              atol=atol)
 
 
+# The two richest kinds are quick tests; the others are marked slow.
+CORE = ('local_global_alibi_gqa', 'linear_favor_rope_gqa_peri')
+
+
 @pytest.mark.parametrize('model_kind', ['encoder_decoder', 'decoder_only'])
-@pytest.mark.parametrize('kind', list(KINDS))
+@pytest.mark.parametrize('kind', [
+    k if k in CORE else pytest.param(k, marks=pytest.mark.slow)
+    for k in KINDS])
 def test_cached_decoding_equals_the_full_model(model_kind, kind):
   m, params, apply = build(model_kind=model_kind, **KINDS[kind])
   inputs, targets = batch()
@@ -284,6 +290,7 @@ def test_cached_decoding_equals_the_full_model(model_kind, kind):
                           atol=2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('model_kind, kind', [
     ('decoder_only', 'local_global_alibi_gqa'),
     ('encoder_decoder', 'linear_favor_rope_gqa_peri')])
@@ -308,6 +315,7 @@ def test_cache_does_not_grow_with_the_output(kind):
   assert sizes[0] == sizes[1] > 0
 
 
+@pytest.mark.slow
 def test_beam_search_reorders_the_ring_buffer():
   """Every cache leaf has a batch axis, so beams copy and reorder it; one
   beam is greedy decoding."""
@@ -335,7 +343,9 @@ def test_padding_changes_nothing(kind):
     assert_close_where_real(padded, run(inputs, targets), targets, atol=1e-5)
 
 
-@pytest.mark.parametrize('kind', ['local', 'linear_favor_rope_gqa_peri'])
+@pytest.mark.parametrize('kind', [
+    'local', pytest.param('linear_favor_rope_gqa_peri',
+                          marks=pytest.mark.slow)])
 def test_packed_segments_do_not_leak(kind):
   """A packed row gives each sequence the logits it has alone, in the
   encoder-decoder (encoder and decoder self-attention) and the encoder-only
@@ -366,6 +376,7 @@ def test_packed_segments_do_not_leak(kind):
   np.testing.assert_allclose(packed[:, 6:], run(b_in), atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['local_global_alibi_gqa', 'linear_elu'])
 def test_trains_with_dropout(kind):
   m, params, _ = build(**KINDS[kind])

@@ -100,12 +100,13 @@ def local_attention(query, key, value, segments, *, window: int,
   # they are hidden so that no key is counted twice.
   k_seg_band = jnp.where(k_slots < global_tokens, 0, k_seg)
   if global_tokens:
-    g = global_tokens
-    tile = lambda x: jnp.broadcast_to(x[:, None, :g], (b, nc) + x[:, :g].shape[1:])
-    kb, vb = (jnp.concatenate([tile(a), c], axis=2) for a, c in ((k, kb), (v, vb)))
-    k_slots, k_pos = (jnp.concatenate([tile(a), c], axis=2)
-                      for a, c in ((slots, k_slots), (pos, k_pos)))
-    k_seg_band = jnp.concatenate([tile(seg), k_seg_band], axis=2)
+    def prepend_globals(row, per_chunk):  # [b, n', ...], [b, nc, keys, ...]
+      first = row[:, None, :global_tokens]
+      return jnp.concatenate(
+          [jnp.broadcast_to(first, (b, nc) + first.shape[2:]), per_chunk], 2)
+    kb, vb, k_slots, k_pos, k_seg_band = (
+        prepend_globals(row, per_chunk) for row, per_chunk in
+        ((k, kb), (v, vb), (slots, k_slots), (pos, k_pos), (seg, k_seg_band)))
   mask = visible(q_slots, k_slots, q_seg, k_seg_band, window=window,
                  causal=causal, global_tokens=global_tokens)
   bias = None if bias_fn is None else bias_fn(fold(q_pos), fold(k_pos))
