@@ -151,3 +151,21 @@ def test_each_timed_run_starts_after_a_pause():
   gaps = [t1 - t0 for (_, t0), (_, t1) in zip(stamps, stamps[1:])]
   assert min(gaps) >= 0.03
   assert all(len(ts) == 2 and max(ts) < 0.03 for ts in times.values())
+
+
+@pytest.mark.slow
+def test_long_attention_benchmark_writes_its_table_plot_and_json(tmp_path):
+  from experiments.benchmark import long_attention
+  out = str(tmp_path / 'la')
+  report = long_attention.main(['--ns', '64,128', '--reps', '1',
+                                '--max_fit_n', '256', '--out', out])
+  layer = report['results']['layer']
+  assert set(layer) == set(long_attention.KINDS)
+  for row in layer.values():
+    assert row['n'] == [64, 128] and all(t > 0 for t in row['seconds'])
+    assert row['largest_n_that_fits'] == 256
+  assert all(b > 0 for row in layer.values() for b in row['bytes'])
+  assert json.loads(open(out + '.json').read())['results'].keys() == {
+      'layer', 'model'}
+  assert '| full |' in open(out + '.table.md').read()
+  assert os.path.getsize(out + '.png') > 10_000
