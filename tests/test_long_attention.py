@@ -416,3 +416,19 @@ def test_trains_with_dropout(kind):
 def test_bad_settings_are_clear_errors(changes, message):
   with pytest.raises(ValueError, match=message):
     config.ModelConfig(**changes)
+
+
+def test_a_workdir_from_before_these_fields_still_resumes():
+  """Its saved config lacks attention_kind & co.: they held their defaults."""
+  from experiments.configs import toy
+  from xfmr_jax import run_config
+  here = toy.get_config().to_dict()
+  old = {**here, 'model': {k: v for k, v in here['model'].items()
+                           if not k.startswith(('attention_kind', 'attention_w',
+                                                'attention_g', 'linear_',
+                                                'favor_'))}}
+  run_config.check_resumable(old, here, 'workdir')  # no error
+  local = {**here, 'model': {**here['model'], 'attention_kind': 'local',
+                             'attention_window': 8}}
+  with pytest.raises(run_config.ConfigError, match='attention_kind'):
+    run_config.check_resumable(old, local, 'workdir')

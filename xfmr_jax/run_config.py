@@ -5,6 +5,7 @@ Every check raises :class:`ConfigError` with a message naming the field.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -35,6 +36,8 @@ _RANGES = {'lr_scale': (0.0, float('inf'), False),
 _SHAPE_FIELDS = ('vocab_size', 'tokenizer_type', 'tokenizer_path')
 _CHANGEABLE_MODEL_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype',
                             'remat', 'attention_impl')
+# A workdir written before a ModelConfig field existed ran with its default.
+_MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 
 def model_config(config, vocab_size: int) -> ModelConfig:
@@ -113,10 +116,11 @@ def validate_config(config) -> None:
 def check_resumable(saved: dict, config_json: dict, workdir: str) -> None:
   """Refuse to resume a workdir whose model (or vocabulary) differs from
   ``config``: its checkpoints and tokenizer belong to the saved config."""
-  model = saved.get('model', {})
-  differ = [f'model.{k}' for k in sorted(set(model) | set(config_json['model']))
-            if k not in _CHANGEABLE_MODEL_FIELDS
-            and model.get(k) != config_json['model'].get(k)]
+  model = {**_MODEL_DEFAULTS, **saved.get('model', {})}
+  here = {**_MODEL_DEFAULTS, **config_json['model']}
+  differ = [f'model.{k}' for k in sorted(set(saved.get('model', {})) |
+                                         set(config_json['model']))
+            if k not in _CHANGEABLE_MODEL_FIELDS and model.get(k) != here.get(k)]
   differ += [k for k in _SHAPE_FIELDS
              if k in saved and saved[k] != config_json.get(k)]
   if differ:

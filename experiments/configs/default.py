@@ -39,7 +39,12 @@ def get_config() -> ml_collections.ConfigDict:
       # activation 'swiglu', num_kv_heads < num_heads (GQA, 1 = MQA),
       # use_bias, model_kind 'decoder_only', attention_impl.
       num_kv_heads=0, use_bias=True, model_kind='encoder_decoder',
-      attention_impl='auto'))
+      attention_impl='auto',
+      # Long inputs (see ModelConfig): self-attention 'local' (a window of
+      # attention_window keys each side, attention_global_tokens) or
+      # 'linear' (linear_feature_map 'elu' or 'favor'); norm_position 'peri'.
+      attention_kind='full', attention_window=0, attention_global_tokens=0,
+      linear_feature_map='elu', favor_features=0, favor_seed=0))
   # Optimisation (section 5.3-5.4).
   c.batch_size = 64            # rows per step (all processes together)
   c.num_train_steps = 100_000
