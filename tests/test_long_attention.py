@@ -404,6 +404,8 @@ def test_trains_with_dropout(kind):
     (dict(attention_global_tokens=2), "for attention_kind='local'"),
     (dict(attention_kind='local', attention_window=4,
           attention_impl='pallas'), 'no Pallas kernel'),
+    (dict(attention_kind='local', attention_window=4,
+          attention_global_tokens=1, attention_impl='xla'), 'blockwise only'),
     (dict(attention_kind='linear', positional='alibi'), 'ALiBi'),
     (dict(attention_kind='linear', attention_dropout_rate=0.1), 'drop out'),
     (dict(attention_kind='linear', attention_impl='xla'), 'one implementation'),

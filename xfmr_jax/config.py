@@ -145,6 +145,11 @@ class ModelConfig:
       if self.attention_impl == 'pallas':
         raise ValueError("attention_kind='local' has no Pallas kernel here; use "
                          "attention_impl 'auto', 'reference', 'xla' or 'cudnn'")
+      if self.attention_global_tokens and self.attention_impl in ('xla',
+                                                                  'cudnn'):
+        raise ValueError('global tokens are computed blockwise only; use '
+                         "attention_impl 'auto' or 'reference' with "
+                         'attention_global_tokens > 0')
     else:
       for name in ('attention_window', 'attention_global_tokens'):
         if getattr(self, name):
@@ -180,7 +185,11 @@ class ModelConfig:
     return self.norm_position != 'post'
 
   @property
-  def num_favor_features(self) -> int:
+  def linear_features(self) -> int:
+    """Features per query/key in linear attention: head_dim for 'elu',
+    ``favor_features`` (0: 4 * head_dim) for 'favor'."""
+    if self.linear_feature_map == 'elu':
+      return self.head_dim
     return self.favor_features or 4 * self.head_dim
 
   @property

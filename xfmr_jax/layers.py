@@ -310,8 +310,7 @@ class MultiHeadAttention(nn.Module):
                                               causal=mask.causal)
       out = out[0] if mask.causal else out
       return out.astype(q.dtype)
-    if cfg.attention_impl in ('xla', 'cudnn') and not (
-        cfg.attention_global_tokens):
+    if cfg.attention_impl in ('xla', 'cudnn'):  # no global tokens (config)
       return local_attention.fused_local_attention(
           q, k, v, mask.segments, window=cfg.attention_window,
           causal=mask.causal, implementation=cfg.attention_impl,
@@ -331,7 +330,7 @@ class MultiHeadAttention(nn.Module):
     if cfg.linear_feature_map == 'elu':
       return linear_attention.elu_features(q), linear_attention.elu_features(k)
     projection = linear_attention.favor_projection(
-        jax.random.key(cfg.favor_seed), cfg.num_favor_features, cfg.head_dim)
+        jax.random.key(cfg.favor_seed), cfg.linear_features, cfg.head_dim)
     return (linear_attention.favor_features(q, projection, is_query=True),
             linear_attention.favor_features(k, projection, is_query=False))
 
@@ -347,8 +346,7 @@ class MultiHeadAttention(nn.Module):
           global_tokens=cfg.attention_global_tokens, dtype=k.dtype)
     else:
       fresh = dict(zip(('sum', 'norm'), linear_attention.init_state(
-          batch, cfg.kv_heads, cfg.num_favor_features if
-          cfg.linear_feature_map == 'favor' else cfg.head_dim, cfg.head_dim)))
+          batch, cfg.kv_heads, cfg.linear_features, cfg.head_dim)))
     state = {name: self.variable('cache', f'cached_{name}', lambda x=x: x)
              for name, x in fresh.items()}
     current = {name: var.value for name, var in state.items()}
