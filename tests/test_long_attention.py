@@ -420,6 +420,14 @@ def test_bad_settings_are_clear_errors(changes, message):
     config.ModelConfig(**changes)
 
 
+def test_attention_maps_refuse_local_and_linear_attention():
+  """They form no weight matrix to draw."""
+  m, params, _ = build(**KINDS['local'])
+  inputs, targets = batch()
+  with pytest.raises(ValueError, match='full attention'):
+    decode.attention_maps(m, params, inputs, targets)
+
+
 def test_a_workdir_from_before_these_fields_still_resumes():
   """Its saved config lacks attention_kind & co.: they held their defaults."""
   from experiments.configs import toy
