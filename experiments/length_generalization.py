@@ -8,8 +8,11 @@ words, longer than every training sentence), and exact match by source length.
 
 The paper (section 3.5) chose sinusoids hoping they "extrapolate to sequence
 lengths longer than the ones encountered during training"; RoPE and ALiBi were
-later proposed with the same aim. Runs are resumable: a scheme whose workdir
-holds ``final_metrics.json`` is not trained again.
+later proposed with the same aim. ``--attention`` adds the self-attention
+kinds for long inputs beside full attention (``local``: a sliding window of
+``--window`` tokens; ``linear``: elu + 1 linear attention), each with every
+scheme. Runs are resumable: a run whose workdir holds ``final_metrics.json``
+is not trained again.
 
   python -m experiments.length_generalization --workdir=workdir/lengths \\
       --json=docs/length_generalization.json --plot=docs/length_generalization.png
@@ -27,6 +30,10 @@ import numpy as np
 
 _SCHEMES = flags.DEFINE_list(
     'schemes', ['sinusoidal', 'learned', 'rope', 'alibi'], 'Positional schemes.')
+_ATTENTION = flags.DEFINE_list(
+    'attention', ['full'], "Self-attention kinds: 'full', 'local', 'linear'.")
+_WINDOW = flags.DEFINE_integer('window', 8, "Tokens on each side a query sees "
+                               "with --attention=local.")
 _SEEDS = flags.DEFINE_list('seeds', ['0'], 'Training seeds (one run each).')
 _STEPS = flags.DEFINE_integer('steps', 800, 'Training steps per run (the toy '
                               "config's budget).")
@@ -45,12 +52,24 @@ _BIN = 5  # source words per length bin in the plot
 log = logging.getLogger('xfmr_jax')
 
 
-def scheme_config(scheme: str, seed: int, steps: int, tokenizer_path: str):
+def label(scheme: str, attention: str = 'full') -> str:
+  """The run's name in tables and workdirs: the scheme, plus its attention
+  kind when that is not full attention."""
+  if attention == 'local':
+    return f'{scheme}, local w={_WINDOW.value}'
+  return scheme if attention == 'full' else f'{scheme}, {attention}'
+
+
+def scheme_config(scheme: str, seed: int, steps: int, tokenizer_path: str,
+                  attention: str = 'full'):
   from experiments.configs import toy
   c = toy.get_config()
   c.dataset = _DATASET.value
   c.data_dir = _DATA_DIR.value
   c.model.positional = scheme
+  c.model.attention_kind = attention
+  if attention == 'local':
+    c.model.attention_window = _WINDOW.value
   c.seed = seed
   c.num_train_steps = steps
   c.eval_every = steps
@@ -71,15 +90,17 @@ def by_length(samples) -> dict:
   return {k: bins[k] for k in sorted(bins)}
 
 
-def run_one(scheme: str, seed: int, steps: int, tokenizer_path: str) -> dict:
+def run_one(scheme: str, seed: int, steps: int, tokenizer_path: str,
+            attention: str = 'full') -> dict:
   """Train (unless done) and evaluate one scheme; returns its results."""
   from xfmr_jax import evaluation, run_config, run_dir, training_loop
-  workdir = os.path.join(_WORKDIR.value, f'{scheme}_seed{seed}')
+  name = label(scheme, attention).replace(', ', '_').replace('=', '')
+  workdir = os.path.join(_WORKDIR.value, f'{name}_seed{seed}')
   result_path = os.path.join(workdir, 'length_results.json')
   if os.path.exists(result_path):
     with open(result_path) as f:
       return json.load(f)
-  config = scheme_config(scheme, seed, steps, tokenizer_path)
+  config = scheme_config(scheme, seed, steps, tokenizer_path, attention)
   start = time.time()
   if not os.path.exists(os.path.join(workdir, 'final_metrics.json')):
     metrics = training_loop.train_and_evaluate(config, workdir)
@@ -89,14 +110,14 @@ def run_one(scheme: str, seed: int, steps: int, tokenizer_path: str) -> dict:
   train_s = time.time() - start
   model, params, tokenizer, config = run_dir.load_for_inference(workdir)
   translator = evaluation.translator(config, model, params, tokenizer)
-  result = dict(scheme=scheme, seed=seed, steps=steps,
+  result = dict(scheme=label(scheme, attention), seed=seed, steps=steps,
                 train_seconds=round(train_s, 1))
   for split in ('test', 'long'):
     source = run_config.data_source(config, split)
     m = evaluation.evaluate_translation(translator, source, _EVAL_LIMIT.value)
     result[split] = dict(bleu=m['bleu'], exact_match=m['exact_match'],
                          by_length=by_length(m['samples']))
-    print(f"{scheme} seed {seed} {split}: BLEU {m['bleu']:.2f}, exact match "
+    print(f"{result['scheme']} seed {seed} {split}: BLEU {m['bleu']:.2f}, exact match "
           f"{m['exact_match']:.4f}", flush=True)
   with open(result_path, 'w') as f:
     json.dump(result, f, indent=1)
@@ -169,9 +190,14 @@ def main(argv):
   log.propagate = False
   from xfmr_jax import run_config, run_dir
   from xfmr_jax.config import POSITIONALS
+  from xfmr_jax.config import ATTENTION_KINDS
   for scheme in _SCHEMES.value:
     if scheme not in POSITIONALS:
       sys.exit(f'error: unknown scheme {scheme!r}; choose from {POSITIONALS}')
+  for kind in _ATTENTION.value:
+    if kind not in ATTENTION_KINDS:
+      sys.exit(f'error: unknown attention {kind!r}; choose from '
+               f'{ATTENTION_KINDS}')
   # One tokenizer for every run, so the schemes differ in positions only.
   os.makedirs(_WORKDIR.value, exist_ok=True)
   config = scheme_config(_SCHEMES.value[0], 0, _STEPS.value, '')
@@ -180,8 +206,9 @@ def main(argv):
   tokenizer_path = os.path.join(os.path.abspath(_WORKDIR.value),
                                 'tokenizer.model')
   del tokenizer
-  results = [run_one(scheme, int(seed), _STEPS.value, tokenizer_path)
-             for seed in _SEEDS.value for scheme in _SCHEMES.value]
+  results = [run_one(scheme, int(seed), _STEPS.value, tokenizer_path, kind)
+             for seed in _SEEDS.value for kind in _ATTENTION.value
+             for scheme in _SCHEMES.value]
   print(table(results))
   if _JSON.value:
     with open(_JSON.value, 'w') as f:

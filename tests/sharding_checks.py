@@ -285,6 +285,13 @@ VARIANTS = {
         norm_position='pre'),
     'mqa_alibi_xla_attention': dict(num_kv_heads=1, positional='alibi',
                                     attention_impl='xla', scan_layers=True),
+    'local_global_alibi_gqa': dict(
+        attention_kind='local', attention_window=4, attention_global_tokens=2,
+        positional='alibi', num_kv_heads=2),
+    'decoder_only_linear_favor_rope_peri': dict(
+        model_kind='decoder_only', attention_kind='linear',
+        linear_feature_map='favor', positional='rope', num_kv_heads=2,
+        norm_position='peri', scan_layers=True),
 }
 
 

@@ -168,3 +168,21 @@ def test_data_pipeline_benchmark_quick(tmp_path):
       r = out[kind][packer]
       assert r['exact'], (kind, packer)  # resumed mid-epoch, same batches
       assert 0.5 < r['packing_efficiency'] <= 1 and r['tokens_per_s'] > 0
+
+
+@pytest.mark.slow
+def test_long_attention_benchmark_writes_its_table_plot_and_json(tmp_path):
+  from experiments.benchmark import long_attention
+  out = str(tmp_path / 'la')
+  report = long_attention.main(['--ns', '64,128', '--reps', '1',
+                                '--max_fit_n', '256', '--out', out])
+  layer = report['results']['layer']
+  assert set(layer) == set(long_attention.KINDS)
+  for row in layer.values():
+    assert row['n'] == [64, 128] and all(t > 0 for t in row['seconds'])
+    assert row['largest_n_that_fits'] == 256
+  assert all(b > 0 for row in layer.values() for b in row['bytes'])
+  assert json.loads(open(out + '.json').read())['results'].keys() == {
+      'layer', 'model'}
+  assert '| full |' in open(out + '.table.md').read()
+  assert os.path.getsize(out + '.png') > 10_000

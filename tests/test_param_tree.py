@@ -123,6 +123,29 @@ def test_variant_tree():
   assert got == expected
 
 
+def test_peri_ln_adds_an_output_norm_to_every_sublayer_and_final_norms():
+  expected = encoder_decoder()
+  for path in list(expected):
+    if path.endswith('_block/norm/scale'):
+      expected.update(norm(path[:-len('/norm/scale')] + '/output_norm'))
+  expected.update({**norm('encoder_norm'), **norm('decoder_norm')})
+  assert tree_of(cfg(norm_position='peri')) == expected
+  assert len(expected) == len(encoder_decoder()) + 2 * (2 * 3 + 2 * 2) + 4
+
+
+@pytest.mark.parametrize('changes', [
+    dict(attention_kind='local', attention_window=3,
+         attention_global_tokens=1),
+    dict(attention_kind='linear'),
+    dict(attention_kind='linear', linear_feature_map='favor'),
+])
+def test_local_and_linear_attention_add_no_parameters(changes):
+  """FAVOR+'s random projection is drawn from favor_seed, not learned."""
+  assert tree_of(cfg(**changes)) == encoder_decoder()
+  assert tree_of(cfg(model_kind='decoder_only', **changes)) == tree_of(
+      cfg(model_kind='decoder_only'))
+
+
 @pytest.mark.parametrize('shared, scan', [(True, False), (False, True)])
 def test_decoder_only_tree(shared, scan):
   tree = {'body/embed/embedding': (V, D)}

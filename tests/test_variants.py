@@ -386,24 +386,28 @@ def test_encoder_only_learns_the_tagging_task(data_dir):
   assert r['accuracy'] > r['majority_baseline'] + 0.3, r
 
 
-def test_pallas_path_hands_the_kernel_the_right_arrays(rng, monkeypatch):
-  """The TPU kernel cannot run here; a float64 stand-in with its signature
-  (``[batch, heads, length, d]``, one additive bias, ``sm_scale``) checks the
-  layout, the per-group K/V heads and the mask-to-bias conversion."""
-  def kernel(q, k, v, ab=None, *, sm_scale=1.0):
-    s = np.einsum('bhqd,bhkd->bhqk', np.float64(q), np.float64(k)) * sm_scale
-    s = s + (0 if ab is None else np.asarray(ab, np.float64))
-    w = np.exp(s - s.max(-1, keepdims=True))
-    return jnp.asarray(np.einsum('bhqk,bhkd->bhqd', w / w.sum(-1, keepdims=True),
-                                 np.float64(v)), jnp.float32)
-  monkeypatch.setattr(attention, '_pallas_flash', lambda: kernel)
-  monkeypatch.setattr(jax, 'default_backend', lambda: 'tpu')
-  q = jnp.asarray(rng.normal(size=(2, 5, 4, 8)), jnp.float32)
-  k, v = (jnp.asarray(rng.normal(size=(2, 7, 2, 8)), jnp.float32)
-          for _ in range(2))
-  mask = jnp.asarray(rng.random((2, 1, 5, 7)) < 0.7).at[0, 0, 1].set(False)
-  bias = positional.alibi_bias(jnp.arange(5)[None], jnp.arange(7)[None], 4)
-  got = attention.dot_product_attention(q, k, v, mask, bias,
-                                        implementation='pallas')
-  want = attention.dot_product_attention(q, k, v, mask, bias)
-  np.testing.assert_allclose(got, want, atol=1e-5)
+# ------------------------------------------------------------------ Peri-LN --
+
+def test_peri_ln_normalises_the_sublayer_input_and_output(rng):
+  """``x + LayerNorm_out(f(LayerNorm_in(x)))`` against float64 NumPy, with
+  both norms' own scales and biases; an exploding sublayer cannot blow up
+  the residual stream."""
+  cfg = config.ModelConfig(**{**TINY, 'norm_position': 'peri'})
+  x = rng.normal(size=(2, 5, 32)).astype(np.float32)
+  w = rng.normal(size=(32, 32)).astype(np.float32)
+  sub = layers.Sublayer(cfg)
+  fn = lambda h: 1000.0 * h @ w
+  params = nn.unbox(sub.init(jax.random.key(0), x, fn, True))['params']
+  assert set(params) == {'norm', 'output_norm'}
+  params = jax.tree.map(lambda p: p + rng.normal(size=p.shape).astype(
+      np.float32), params)
+  got = sub.apply({'params': params}, x, fn, True)
+  p64 = jax.tree.map(lambda p: np.asarray(p, np.float64), params)
+  inner = reference.layer_norm(x, p64['norm']['scale'], p64['norm']['bias'])
+  want = x + reference.layer_norm(1000.0 * inner @ w.astype(np.float64),
+                                  p64['output_norm']['scale'],
+                                  p64['output_norm']['bias'])
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+  pre = layers.Sublayer(cfg.replace(norm_position='pre'))
+  pre_out = pre.apply({'params': {'norm': params['norm']}}, x, fn, True)
+  assert np.abs(got - x).max() < 20 < np.abs(pre_out - x).max()

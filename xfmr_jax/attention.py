@@ -15,9 +15,12 @@ for 'auto'.
 """
 from __future__ import annotations
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 
+from xfmr_jax import masks
 from xfmr_jax.dropout import dropout
 
 IMPLEMENTATIONS = ('reference', 'xla', 'cudnn', 'pallas')
@@ -115,11 +118,29 @@ def _pallas_flash():
   return getattr(flash_attention, 'flash_attention', None)
 
 
-def _fused(query, key, value, mask, bias, implementation):
+def _pallas_self_attention(query, key, value, self_mask: masks.SelfMask):
+  """Self-attention through the Pallas kernel's own segment ids and causal
+  flag, so no ``[n, n]`` bias is formed (the kernel's memory stays O(n))."""
+  segment_ids = importlib.import_module(
+      'jax.experimental.pallas.ops.tpu.flash_attention').SegmentIds
+  heads = query.shape[-2]
+  to_bhld = lambda x: repeat_kv_heads(x, heads).transpose(0, 2, 1, 3)
+  seg = self_mask.segments.astype(jnp.int32)
+  scaled = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
+  out = _pallas_flash()(to_bhld(scaled), to_bhld(key), to_bhld(value),
+                        segment_ids=segment_ids(seg, seg),
+                        causal=self_mask.causal, sm_scale=1.0)
+  # The kernel lets padding (segment 0) attend to padding; zero those rows.
+  return jnp.where((seg > 0)[:, :, None, None], out.transpose(0, 2, 1, 3), 0)
+
+
+def _fused(query, key, value, mask, bias, implementation, local_window=None):
   """The same attention through jax's fused paths (no weights returned)."""
   mask4 = None if mask is None else jnp.broadcast_to(
       mask, (mask.shape[0], mask.shape[1], query.shape[1], key.shape[1]))
   if implementation == 'pallas':
+    if local_window is not None:
+      raise ValueError("the Pallas kernel has no local window; use 'xla'")
     # The kernel takes [batch, heads, length, d] and one additive bias; a
     # boolean mask becomes a large negative bias.
     heads = query.shape[-2]
@@ -131,12 +152,16 @@ def _fused(query, key, value, mask, bias, implementation):
     if total is not None:
       total = jnp.broadcast_to(total, (query.shape[0], heads, query.shape[1],
                                        key.shape[1]))
-    out = _pallas_flash()(to_bhld(query), to_bhld(key), to_bhld(value),
-                          ab=total, sm_scale=query.shape[-1] ** -0.5)
+    # The kernel adds ``ab`` before it multiplies by ``sm_scale``; scaling
+    # the queries here instead leaves the bias unscaled, as in the reference.
+    scaled = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
+    out = _pallas_flash()(to_bhld(scaled), to_bhld(key), to_bhld(value),
+                          ab=total, sm_scale=1.0)
     return out.transpose(0, 2, 1, 3)
   return jax.nn.dot_product_attention(
       query, key, value, bias=None if bias is None else bias.astype(
-          query.dtype), mask=mask4, implementation=implementation)
+          query.dtype), mask=mask4, implementation=implementation,
+      local_window_size=local_window)
 
 
 def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
@@ -147,19 +172,25 @@ def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
                           dropout_rate: float = 0.0,
                           dropout_rng: jax.Array | None = None,
                           return_weights: bool = False,
-                          implementation: str = 'reference'):
+                          implementation: str = 'reference',
+                          local_window: tuple[int, int] | None = None):
   """``Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V`` (equation 1).
 
   Args:
     query: ``[batch, q_length, heads, head_dim]``.
     key: ``[batch, k_length, kv_heads, head_dim]``; kv_heads divides heads.
     value: ``[batch, k_length, kv_heads, head_dim_v]``.
-    mask, bias: see :func:`attention_weights`.
+    mask, bias: see :func:`attention_weights`; ``mask`` may also be a
+      :class:`~xfmr_jax.masks.SelfMask`, which the Pallas kernel takes as
+      segment ids (with no bias) and the others expand.
     dropout_rate: dropout on the attention weights (needs ``dropout_rng``).
     return_weights: also return the ``[batch, heads, q, k]`` weights.
     implementation: one of IMPLEMENTATIONS ('auto' goes through
       :func:`resolve_implementation`); only 'reference' returns or drops out
       weights.
+    local_window: ``(before, after)``: query i sees only keys ``i - before ..
+      i + after``, in the fused implementations ('xla', 'cudnn'; the
+      blockwise form is :mod:`xfmr_jax.local_attention`).
 
   Returns:
     ``[batch, q_length, heads, head_dim_v]`` in ``query.dtype`` (and the
@@ -167,15 +198,23 @@ def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
   """
   if implementation != 'reference':
     implementation = resolve_implementation(implementation)  # or a clear error
-  if implementation != 'reference':
     if return_weights or (dropout_rate > 0.0 and dropout_rng is not None):
       raise ValueError(f'implementation {implementation!r} neither returns '
                        "nor drops out attention weights; use 'reference'")
-    out = _fused(query, key, value, mask, bias, implementation)
+  if isinstance(mask, masks.SelfMask):
+    if implementation == 'pallas' and bias is None and local_window is None:
+      return _pallas_self_attention(query, key, value,
+                                    mask).astype(query.dtype)
+    mask = mask.dense()
+  if implementation != 'reference':
+    out = _fused(query, key, value, mask, bias, implementation, local_window)
     if mask is not None:  # fused kernels average a fully masked row instead
       visible = jnp.any(mask, axis=-1).transpose(0, 2, 1)[..., None]
       out = jnp.where(visible, out, 0)
     return out.astype(query.dtype)
+  if local_window is not None:
+    raise ValueError("local_window needs a fused implementation ('xla' or "
+                     "'cudnn'); 'reference' is xfmr_jax.local_attention")
   weights = attention_weights(query, key, mask, bias)
   probs = weights
   if dropout_rate > 0.0 and dropout_rng is not None:

@@ -30,13 +30,14 @@ class EncoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x, mask, positions, deterministic: bool,
                decode: int | None = None, step=None):
-    """x: ``[batch, length, d_model]``; mask: ``[batch, 1, length, length]``;
+    """x: ``[batch, length, d_model]``; mask: a :class:`masks.SelfMask`
+    (or, while decoding, the visible cache slots ``[batch, 1, 1, slots]``);
     positions: ``[batch, length]`` (used by RoPE and ALiBi)."""
     cfg = self.config
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     cache = {} if decode is None else dict(cache='self', cache_len=decode,
                                            step=step)
-    attn = MultiHeadAttention(cfg, name='self_attention')
+    attn = MultiHeadAttention(cfg, cfg.attention_kind, name='self_attention')
     x = Sublayer(cfg, name='attention_block')(
         x, lambda h: attn(h, h, mask, deterministic, positions=positions,
                           **cache), deterministic)
@@ -67,7 +68,8 @@ class DecoderLayer(nn.Module):
     if decode is not None:
       self_cache = dict(cache='self', cache_len=decode, step=step)
       cross_cache = dict(cache='cross')
-    self_attn = MultiHeadAttention(cfg, name='self_attention')
+    self_attn = MultiHeadAttention(cfg, cfg.attention_kind,
+                                   name='self_attention')
     y = Sublayer(cfg, name='self_attention_block')(
         y, lambda h: self_attn(h, h, self_mask, deterministic,
                                positions=positions, **self_cache),
@@ -231,7 +233,7 @@ def output_head(cfg: ModelConfig, embedder: Embedder) -> OutputHead:
 
 class SelfAttentionStack(nn.Module):
   """Token embedding, dropout, ``num_layers`` self-attention blocks
-  (:class:`EncoderLayer`) and, under Pre-LN, a final norm: the body of the
+  (:class:`EncoderLayer`) and, under Pre-LN and Peri-LN, a final norm: the body of the
   encoder-only and decoder-only models (bidirectional or causal by ``mask``).
   """
   config: ModelConfig
@@ -242,7 +244,7 @@ class SelfAttentionStack(nn.Module):
     self.embed = Embedder(cfg, cfg.vocab_size)
     self.embed_dropout = Dropout(cfg.dropout_rate)
     self.layers = layer_stack(EncoderLayer, cfg, self.num_layers, 5, 'layer')
-    if cfg.norm_position == 'pre':
+    if cfg.final_norm:
       self.final_norm = Norm(cfg)
 
   def __call__(self, tokens, mask, positions, deterministic: bool,
@@ -253,7 +255,7 @@ class SelfAttentionStack(nn.Module):
     x = self.embed(tokens, positions)
     x = self.embed_dropout(x, deterministic=deterministic)
     x = self.layers(x, mask, positions, deterministic, decode, step)
-    if self.config.norm_position == 'pre':
+    if self.config.final_norm:
       x = self.final_norm(x)
     return x
 

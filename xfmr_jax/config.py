@@ -5,7 +5,7 @@ import dataclasses
 
 from xfmr_jax import activations, attention
 
-NORM_POSITIONS = ('post', 'pre')
+NORM_POSITIONS = ('post', 'pre', 'peri')
 NORM_TYPES = ('layernorm', 'rmsnorm')
 ACTIVATIONS = activations.NAMES
 POSITIONALS = ('sinusoidal', 'learned', 'rope', 'alibi', 'none')
@@ -14,6 +14,9 @@ LOGITS_BIASES = ('none', 'learned', 'fixed')
 DTYPES = ('float32', 'bfloat16')
 MODEL_KINDS = ('encoder_decoder', 'decoder_only', 'encoder_only')
 ATTENTION_IMPLS = ('auto',) + attention.IMPLEMENTATIONS
+# Self-attention over long inputs (cross-attention is always full).
+ATTENTION_KINDS = ('full', 'local', 'linear')
+LINEAR_FEATURE_MAPS = ('elu', 'favor')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +27,8 @@ class ModelConfig:
   37,000-token vocabulary. The other values of the switches are the variants
   that later work made common:
 
-  * ``norm_position`` 'pre' and ``norm_type`` 'rmsnorm';
+  * ``norm_position`` 'pre' (Pre-LN) or 'peri' (Peri-LN: the sublayer's input
+    and its output normalised) and ``norm_type`` 'rmsnorm';
   * ``activation`` 'gelu' (tanh approximation), 'gelu_exact', 'silu' (swish)
     or 'swiglu' (a gated FFN with three matrices: to keep
     the parameter count of a ReLU FFN of width ``w``, set ``d_ff`` to
@@ -41,7 +45,14 @@ class ModelConfig:
   * ``model_kind`` 'decoder_only' (a causal LM over ``source EOS target``, see
     :mod:`xfmr_jax.decoder_only`) or 'encoder_only' (a token tagger with
     ``num_labels`` outputs, see :mod:`xfmr_jax.encoder_only`);
-  * ``attention_impl``: see :func:`xfmr_jax.attention.resolve_implementation`.
+  * ``attention_impl``: see :func:`xfmr_jax.attention.resolve_implementation`;
+  * ``attention_kind`` of self-attention: 'local' (each query sees the
+    ``attention_window`` positions before it, and after it when
+    bidirectional, plus ``attention_global_tokens`` global tokens; see
+    :mod:`xfmr_jax.local_attention`) or 'linear' (kernelised attention with
+    the ``linear_feature_map`` 'elu' or Performer's 'favor' random features,
+    ``favor_features`` of them drawn from ``favor_seed``; see
+    :mod:`xfmr_jax.linear_attention`).
   """
   vocab_size: int = 37_000
   d_model: int = 512
@@ -53,7 +64,7 @@ class ModelConfig:
   attention_dropout_rate: float = 0.0  # on attention weights (paper: none)
   max_len: int = 512                   # longest position the model embeds
   positional: str = 'sinusoidal'
-  norm_position: str = 'post'          # 'post' (paper) or 'pre'
+  norm_position: str = 'post'          # 'post' (paper), 'pre' or 'peri'
   norm_type: str = 'layernorm'
   activation: str = 'relu'
   share_embeddings: bool = True        # source, target and output projection
@@ -68,6 +79,13 @@ class ModelConfig:
   attention_impl: str = 'auto'
   sinusoid_layout: str = 'interleaved'  # or 'halves' (sin first, then cos)
   logits_bias: str = 'none'             # or 'learned' / 'fixed' [vocab] bias
+  # Long inputs: self-attention kind (see the class docstring).
+  attention_kind: str = 'full'
+  attention_window: int = 0            # local: keys on each side of a query
+  attention_global_tokens: int = 0     # local: the first slots of a row
+  linear_feature_map: str = 'elu'
+  favor_features: int = 0              # favor: random features; 0 = 4 * head_dim
+  favor_seed: int = 0                  # favor: seed of the random projection
 
   def __post_init__(self):
     positive = ('vocab_size', 'd_model', 'num_heads', 'num_encoder_layers',
@@ -116,10 +134,78 @@ class ModelConfig:
       raise ValueError(f'attention_impl={self.attention_impl!r} has no '
                        'dropout on attention weights; use attention_impl='
                        "'reference' (or 'auto') with attention_dropout_rate > 0")
+    self._check_attention_kind()
+
+  def _check_attention_kind(self):
+    """Clear errors for long-input settings that do not fit together."""
+    kind = self.attention_kind
+    if kind not in ATTENTION_KINDS:
+      raise ValueError(f'ModelConfig.attention_kind={kind!r} is not one of '
+                       f'{ATTENTION_KINDS}')
+    if self.linear_feature_map not in LINEAR_FEATURE_MAPS:
+      raise ValueError(f'ModelConfig.linear_feature_map='
+                       f'{self.linear_feature_map!r} is not one of '
+                       f'{LINEAR_FEATURE_MAPS}')
+    for name in ('attention_window', 'attention_global_tokens',
+                 'favor_features'):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 0:
+        raise ValueError(f'ModelConfig.{name} must be an integer >= 0, got '
+                         f'{value!r}')
+    if kind == 'local':
+      if self.attention_window <= 0:
+        raise ValueError("attention_kind='local' needs attention_window >= 1 "
+                         f'(keys on each side of a query), got '
+                         f'{self.attention_window!r}')
+      if self.attention_impl == 'pallas':
+        raise ValueError("attention_kind='local' has no Pallas kernel here; use "
+                         "attention_impl 'auto', 'reference', 'xla' or 'cudnn'")
+      if self.attention_global_tokens and self.attention_impl in ('xla',
+                                                                  'cudnn'):
+        raise ValueError('global tokens are computed blockwise only; use '
+                         "attention_impl 'auto' or 'reference' with "
+                         'attention_global_tokens > 0')
+    else:
+      for name in ('attention_window', 'attention_global_tokens'):
+        if getattr(self, name):
+          raise ValueError(f"ModelConfig.{name} is for attention_kind='local'"
+                           f' (attention_kind is {kind!r})')
+    if kind == 'linear':
+      if self.positional == 'alibi':
+        raise ValueError("attention_kind='linear' never forms the score matrix "
+                         "that ALiBi biases; use positional 'rope', "
+                         "'sinusoidal', 'learned' or 'none'")
+      if self.attention_dropout_rate > 0:
+        raise ValueError("attention_kind='linear' has no attention weights to "
+                         'drop out; set attention_dropout_rate=0')
+      if self.attention_impl not in ('auto', 'reference'):
+        raise ValueError("attention_kind='linear' has one implementation; use "
+                         f"attention_impl='auto' (got {self.attention_impl!r})")
+    elif self.linear_feature_map != 'elu':
+      raise ValueError("ModelConfig.linear_feature_map is for attention_kind="
+                       f"'linear' (attention_kind is {kind!r})")
+    if self.favor_features and not (kind == 'linear' and
+                                    self.linear_feature_map == 'favor'):
+      raise ValueError("ModelConfig.favor_features is for attention_kind="
+                       "'linear' with linear_feature_map='favor'")
 
   @property
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
+
+  @property
+  def final_norm(self) -> bool:
+    """Pre-LN and Peri-LN leave each stack's output unnormalised: one more
+    norm closes the stack."""
+    return self.norm_position != 'post'
+
+  @property
+  def linear_features(self) -> int:
+    """Features per query/key in linear attention: head_dim for 'elu',
+    ``favor_features`` (0: 4 * head_dim) for 'favor'."""
+    if self.linear_feature_map == 'elu':
+      return self.head_dim
+    return self.favor_features or 4 * self.head_dim
 
   @property
   def kv_heads(self) -> int:

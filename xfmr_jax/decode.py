@@ -419,9 +419,10 @@ def attention_maps(model, variables, inputs, outputs):
   """
   cfg = model.config
   if cfg.model_kind != 'encoder_decoder' or cfg.attention_impl not in (
-      'auto', 'reference'):
+      'auto', 'reference') or cfg.attention_kind != 'full':
     raise ValueError('attention maps are drawn for an encoder_decoder model '
-                     "with attention_impl 'reference' (or 'auto' on CPU)")
+                     "with full attention and attention_impl 'reference' (or "
+                     "'auto' on CPU)")
   _, state = model.apply(_variables(variables), inputs, outputs,
                          mutable=['intermediates'])
   tree = state['intermediates']

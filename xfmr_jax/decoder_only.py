@@ -94,7 +94,7 @@ class DecoderOnly(nn.Module):
         source_lengths(src_seg, tgt_seg) +
         default_positions(targets, targets_position)], axis=1)
     segments = jnp.concatenate([src_seg, tgt_seg], axis=1)
-    mask = masks.prefix_lm_mask(segments)
+    mask = masks.SelfMask(segments, causal=True)
     # Only the target part is projected onto the vocabulary.
     hidden = self._run(tokens, mask, positions, deterministic)[:, s:]
     if return_hidden:

@@ -41,7 +41,7 @@ class Transformer(nn.Module):
     # decode, step.
     self.decoder_layers = layer_stack(DecoderLayer, cfg, cfg.num_decoder_layers, 7,
                                  'decoder')
-    if cfg.norm_position == 'pre':  # pre-LN leaves the stack output unnormalised
+    if cfg.final_norm:  # pre/peri-LN leave the stack output unnormalised
       self.encoder_norm = Norm(cfg)
       self.decoder_norm = Norm(cfg)
     self.output_head = output_head(cfg, self.target_embed)
@@ -49,12 +49,12 @@ class Transformer(nn.Module):
   def encode(self, inputs, inputs_segmentation=None, inputs_position=None,
              deterministic: bool = True):
     """inputs: ``[batch, s]`` ids -> encoded ``[batch, s, d_model]``."""
-    mask = masks.encoder_mask(inputs, inputs_segmentation)
+    mask = masks.self_mask(inputs, inputs_segmentation)
     positions = default_positions(inputs, inputs_position)
     x = self.source_embed(inputs, positions)
     x = self.embed_dropout(x, deterministic=deterministic)
     x = self.encoder_layers(x, mask, positions, deterministic, None, None)
-    if self.config.norm_position == 'pre':
+    if self.config.final_norm:
       x = self.encoder_norm(x)
     return x
 
@@ -66,11 +66,12 @@ class Transformer(nn.Module):
     positions = default_positions(targets, targets_position)
     y = self.target_embed(shift_right(targets, targets_segmentation), positions)
     y = self.embed_dropout(y, deterministic=deterministic)
-    self_mask, cross_mask = masks.decoder_masks(
-        inputs, targets, inputs_segmentation, targets_segmentation)
+    self_mask = masks.self_mask(targets, targets_segmentation, causal=True)
+    cross_mask = masks.cross_mask(inputs, targets, inputs_segmentation,
+                                  targets_segmentation)
     y = self.decoder_layers(y, encoded, self_mask, cross_mask, positions,
                             deterministic, None, None)
-    if self.config.norm_position == 'pre':
+    if self.config.final_norm:
       y = self.decoder_norm(y)
     if return_hidden:
       return self.output_head.hidden(y), self.output_table()
@@ -102,7 +103,7 @@ class Transformer(nn.Module):
     cross_mask = masks.source_key_mask(inputs)
     y = self.decoder_layers(y, encoded, None, cross_mask, positions, True,
                             cache_len, step)
-    if self.config.norm_position == 'pre':
+    if self.config.final_norm:
       y = self.decoder_norm(y)
     return self.logits(y)
 

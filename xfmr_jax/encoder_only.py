@@ -32,7 +32,7 @@ class EncoderOnly(nn.Module):
                targets_position=None, deterministic: bool = True):
     """inputs ``[batch, s]`` -> float32 label logits ``[batch, s, num_labels]``."""
     del targets, targets_segmentation, targets_position  # labels: loss only
-    mask = masks.encoder_mask(inputs, inputs_segmentation)
+    mask = masks.self_mask(inputs, inputs_segmentation)
     x = self.body(inputs, mask, default_positions(inputs, inputs_position),
                   deterministic)
     return self.head(x).astype(jnp.float32)

@@ -13,7 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from xfmr_jax import activations, attention, masks, positional
+from xfmr_jax import (activations, attention, linear_attention,
+                      local_attention, masks, positional)
 from xfmr_jax.config import ModelConfig
 from xfmr_jax.dropout import Dropout
 
@@ -178,8 +179,15 @@ class MultiHeadAttention(nn.Module):
     are computed when it is given and stored in ``cached_key``/``cached_value``
     ``[batch, source_length, kv_heads, head_dim]``; with ``inputs_kv=None`` they
     are read back, so each decoding step projects only its new query.
+
+  ``kind`` 'local' or 'linear' (self-attention only; ``mask`` is then a
+  :class:`~xfmr_jax.masks.SelfMask`) computes the attention in
+  :mod:`xfmr_jax.local_attention` or :mod:`xfmr_jax.linear_attention`; their
+  ``cache='self'`` holds a ring buffer of ``attention_window`` keys (plus
+  the global ones) or the linear state ``(S, z)``, never ``cache_len`` keys.
   """
   config: ModelConfig
+  kind: str = 'full'
 
   @nn.compact
   def __call__(self, inputs_q, inputs_kv, mask=None, deterministic=True, *,
@@ -212,6 +220,11 @@ class MultiHeadAttention(nn.Module):
       if relative and cfg.positional == 'rope':
         q = positional.rotary(q, positions)
         k = positional.rotary(k, positions)
+      if self.kind != 'full':
+        out = self._long_attention(q, k, v, mask, positions, deterministic,
+                                   cache, step)
+        return dense(cfg.d_model, ('joined_kv', 'embed'), 'out', dtype,
+                     cfg.use_bias)(attention.merge_heads(out))
       if cache == 'cross':
         self.put_variable('cache', 'cached_key', k)
         self.put_variable('cache', 'cached_value', v)
@@ -270,12 +283,97 @@ class MultiHeadAttention(nn.Module):
     mask = masks.cache_mask(step, length, cached_key.value.shape[1])
     return cached_key.value, cached_value.value, key_positions, mask
 
+  def _long_attention(self, q, k, v, mask, positions, deterministic, cache,
+                      step):
+    """Local or linear self-attention of ``q`` ``[batch, q, heads, head_dim]``
+    (k, v: ``[batch, q, kv_heads, head_dim]``), with or without the cache."""
+    cfg = self.config
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(q.shape[1]), q.shape[:2])
+    bias_fn = None
+    if cfg.positional == 'alibi':  # local only: linear attention refuses it
+      bias_fn = lambda qp, kp: positional.alibi_bias(qp, kp, cfg.num_heads)
+    if cache == 'self':
+      # While decoding, ``mask`` says which cache slots (of the whole row)
+      # may be seen: ``[batch, 1, 1, slots]``, or None for all.
+      visible = (jnp.ones(q.shape[:2], bool) if mask is None else
+                 jax.lax.dynamic_slice_in_dim(mask[:, 0, 0], step, q.shape[1],
+                                              axis=1))
+      return self._cached_long_attention(q, k, v, visible, positions, step,
+                                         bias_fn)
+    if not isinstance(mask, masks.SelfMask):
+      raise ValueError(f'attention kind {self.kind!r} needs a masks.SelfMask '
+                       f'(segments), got {type(mask).__name__}')
+    if self.kind == 'linear':
+      qf, kf = self._features(q, k)
+      out = linear_attention.linear_attention(qf, kf, v, mask.segments,
+                                              causal=mask.causal)
+      out = out[0] if mask.causal else out
+      return out.astype(q.dtype)
+    if cfg.attention_impl in ('xla', 'cudnn'):  # no global tokens (config)
+      return local_attention.fused_local_attention(
+          q, k, v, mask.segments, window=cfg.attention_window,
+          causal=mask.causal, implementation=cfg.attention_impl,
+          bias=None if bias_fn is None else bias_fn(positions, positions))
+    dropout_rng = None
+    if not deterministic and cfg.attention_dropout_rate > 0:
+      dropout_rng = self.make_rng('dropout')
+    return local_attention.local_attention(
+        q, k, v, mask.segments, window=cfg.attention_window,
+        causal=mask.causal, global_tokens=cfg.attention_global_tokens,
+        positions=positions, bias_fn=bias_fn,
+        dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng)
+
+  def _features(self, q, k):
+    """Positive features of queries and keys for linear attention."""
+    cfg = self.config
+    if cfg.linear_feature_map == 'elu':
+      return linear_attention.elu_features(q), linear_attention.elu_features(k)
+    projection = linear_attention.favor_projection(
+        jax.random.key(cfg.favor_seed), cfg.linear_features, cfg.head_dim)
+    return (linear_attention.favor_features(q, projection, is_query=True),
+            linear_attention.favor_features(k, projection, is_query=False))
+
+  def _cached_long_attention(self, q, k, v, visible, positions, step,
+                             bias_fn):
+    """One cached step of local or linear attention; the state lives in the
+    ``cache`` collection as ``cached_<name>`` variables."""
+    cfg = self.config
+    batch = q.shape[0]
+    if self.kind == 'local':
+      fresh = local_attention.init_cache(
+          batch, cfg.kv_heads, cfg.head_dim, window=cfg.attention_window,
+          global_tokens=cfg.attention_global_tokens, dtype=k.dtype)
+    else:
+      fresh = dict(zip(('sum', 'norm'), linear_attention.init_state(
+          batch, cfg.kv_heads, cfg.linear_features, cfg.head_dim)))
+    state = {name: self.variable('cache', f'cached_{name}', lambda x=x: x)
+             for name, x in fresh.items()}
+    current = {name: var.value for name, var in state.items()}
+    if self.kind == 'local':
+      out, new = local_attention.cached_attention(
+          current, q, k, v, visible, positions, step,
+          window=cfg.attention_window,
+          global_tokens=cfg.attention_global_tokens, bias_fn=bias_fn)
+    else:
+      qf, kf = self._features(q, k)
+      out, (s, z) = linear_attention.linear_attention(
+          qf, kf, v, visible.astype(jnp.int32), causal=True,
+          state=(current['sum'], current['norm']))
+      new = dict(sum=s, norm=z)
+    for name, var in state.items():
+      var.value = new[name]
+    return out.astype(q.dtype)
+
 
 class Sublayer(nn.Module):
   """Residual connection, dropout and normalisation around one sublayer.
 
   Post-LN (paper): ``LayerNorm(x + Dropout(f(x)))``.
   Pre-LN: ``x + Dropout(f(LayerNorm(x)))``, which keeps the residual path clean.
+  Peri-LN: ``x + Dropout(LayerNorm_out(f(LayerNorm(x))))``: the sublayer's
+  output is normalised too, so no sublayer can blow up the residual stream
+  (Kim et al., 2025); its second norm is ``output_norm``.
   """
   config: ModelConfig
 
@@ -285,5 +383,8 @@ class Sublayer(nn.Module):
     drop = Dropout(cfg.dropout_rate)
     if cfg.norm_position == 'pre':
       return x + drop(fn(Norm(cfg, name='norm')(x)), deterministic=deterministic)
+    if cfg.norm_position == 'peri':
+      y = Norm(cfg, name='output_norm')(fn(Norm(cfg, name='norm')(x)))
+      return x + drop(y, deterministic=deterministic)
     y = x + drop(fn(x), deterministic=deterministic)
     return Norm(cfg, name='norm')(y)

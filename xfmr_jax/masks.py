@@ -4,9 +4,15 @@ from them.
 Every mask is boolean and broadcastable to ``[batch, heads, query_length,
 key_length]``; ``True`` means "may attend". Masks combine with logical AND, so a
 token attends to a key only if every mask allows it.
+
+Self-attention masks are first built as a :class:`SelfMask` (segment ids and
+causality, O(n) memory): full attention materialises it with
+:meth:`SelfMask.dense`, while local and linear attention read the segments
+directly and never form an ``n x n`` mask.
 """
 from __future__ import annotations
 
+from flax import struct
 import jax.numpy as jnp
 
 from xfmr_jax.token_ids import PAD
@@ -64,13 +70,37 @@ def combine_masks(*masks: jnp.ndarray | None) -> jnp.ndarray | None:
 
 # ------------------------------------------------ masks the models assemble --
 
+@struct.dataclass
+class SelfMask:
+  """Who sees whom in one self-attention, in O(n) memory.
+
+  Query i sees key j iff ``segments[i] == segments[j] != 0`` and, when
+  ``causal``, ``j <= i``. ``segments`` ``[batch, n]``: 1, 2, ... per packed
+  sequence (1 everywhere in an unpacked row), 0 for padding.
+  """
+  segments: jnp.ndarray
+  causal: bool = struct.field(pytree_node=False, default=False)
+
+  def dense(self) -> jnp.ndarray:
+    """The same mask as an array ``[batch, 1, n, n]``."""
+    return combine_masks(
+        causal_mask(self.segments.shape[1]) if self.causal else None,
+        segment_mask(self.segments, self.segments))
+
+
+def self_mask(tokens, segmentation=None, causal: bool = False) -> SelfMask:
+  """The :class:`SelfMask` of ``tokens`` ``[batch, n]``: padding ids hidden
+  and, in packed rows, the other segments."""
+  real = tokens != PAD
+  segments = real.astype(jnp.int32) if segmentation is None else jnp.where(
+      real, segmentation, 0)
+  return SelfMask(segments, causal)
+
+
 def encoder_mask(inputs, inputs_segmentation=None):
   """Encoder self-attention ``[batch, 1, s, s]``: padding (and, in packed
   rows, other segments) hidden. inputs: ``[batch, s]`` ids."""
-  return combine_masks(
-      padding_mask(inputs, inputs),
-      None if inputs_segmentation is None else
-      segment_mask(inputs_segmentation, inputs_segmentation))
+  return self_mask(inputs, inputs_segmentation).dense()
 
 
 def decoder_masks(inputs, targets, inputs_segmentation=None,
@@ -81,15 +111,19 @@ def decoder_masks(inputs, targets, inputs_segmentation=None,
   The shifted decoder inputs start with the pad id, so padding is read off the
   unshifted ``targets`` ``[batch, t]``; ``inputs`` ``[batch, s]`` are the source.
   """
-  self_mask = combine_masks(
-      causal_mask(targets.shape[1]), padding_mask(targets, targets),
-      None if targets_segmentation is None else
-      segment_mask(targets_segmentation, targets_segmentation))
-  cross_mask = combine_masks(
+  return (self_mask(targets, targets_segmentation, causal=True).dense(),
+          cross_mask(inputs, targets, inputs_segmentation,
+                     targets_segmentation))
+
+
+def cross_mask(inputs, targets, inputs_segmentation=None,
+               targets_segmentation=None):
+  """Teacher-forced cross-attention ``[batch, 1, t, s]``: target padding
+  queries and source padding keys hidden, and other segments in packed rows."""
+  return combine_masks(
       padding_mask(targets, inputs),
       None if targets_segmentation is None else
       segment_mask(targets_segmentation, inputs_segmentation))
-  return self_mask, cross_mask
 
 
 def key_mask(keys_visible):
@@ -105,9 +139,7 @@ def source_key_mask(inputs):
 def prefix_lm_mask(segments):
   """Causal attention within each segment of one sequence ``[batch, n]``
   (segment ids, 0 = padding): the decoder-only model over ``source EOS target``."""
-  return combine_masks(causal_mask(segments.shape[1]),
-                       segment_mask(segments, segments),
-                       key_mask(segments != 0))
+  return SelfMask(segments, causal=True).dense()
 
 
 def cache_mask(step, query_length: int, cache_len: int):

@@ -42,7 +42,12 @@ def get_config() -> ml_collections.ConfigDict:
       # sinusoid_layout 'halves' and logits_bias 'learned'/'fixed' (Marian's).
       num_kv_heads=0, use_bias=True, model_kind='encoder_decoder',
       attention_impl='auto', layer_norm_epsilon=1e-6,
-      sinusoid_layout='interleaved', logits_bias='none'))
+      sinusoid_layout='interleaved', logits_bias='none',
+      # Long inputs (see ModelConfig): self-attention 'local' (a window of
+      # attention_window keys each side, attention_global_tokens) or
+      # 'linear' (linear_feature_map 'elu' or 'favor'); norm_position 'peri'.
+      attention_kind='full', attention_window=0, attention_global_tokens=0,
+      linear_feature_map='elu', favor_features=0, favor_seed=0))
   # Start from another workdir's newest parameters, model and tokenizer (for
   # example one written by python -m experiments.import_marian) when this
   # workdir has no checkpoint yet: fine-tuning. '' = from scratch.
