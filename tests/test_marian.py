@@ -123,7 +123,6 @@ def test_beam_search_matches_generate(hf, max_new):
                              atol=1e-4)
 
 
-@pytest.mark.slow
 def test_import_translate_and_finetune_end_to_end(hf, tmp_path):
   workdir = str(tmp_path / 'imported')
   run = subprocess.run(

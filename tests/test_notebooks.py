@@ -57,7 +57,6 @@ def _images(nb) -> int:
              for out in cell.outputs)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs(path, kernel_name, monkeypatch, tmp_path):

@@ -15,7 +15,6 @@ from tests.test_train import tiny_config
 from xfmr_jax import checkpoint, run_dir, train_state
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
 
 
 def command(data_dir, workdir, **changes):
