@@ -3,14 +3,13 @@ NumPy, their decoding forms against their parallel forms, and the models that
 use them (cached decoding, padding, packing, training, bad settings)."""
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from tests import reference
+from tests import reference, test_variants
 from xfmr_jax import (attention, config, decode, linear_attention,
                       local_attention, masks, model, train_state, train_steps)
 
@@ -231,9 +230,6 @@ def test_linear_recurrent_decoding_equals_the_parallel_causal_form(
 
 # ----------------------------------------------------------------- models --
 
-TINY = dict(vocab_size=24, d_model=32, num_heads=4, d_ff=64,
-            num_encoder_layers=1, num_decoder_layers=2, max_len=64,
-            dropout_rate=0.0, share_embeddings=False)
 KINDS = {
     'local': dict(attention_kind='local', attention_window=2),
     'local_global_alibi_gqa': dict(attention_kind='local', attention_window=3,
@@ -252,10 +248,7 @@ KINDS = {
 @functools.lru_cache(maxsize=None)
 def build(**changes):
   """A tiny model, its params and its jitted ``apply(params, *args, **kw)``."""
-  cfg = config.ModelConfig(**{**TINY, **changes})
-  m = model.build(cfg)
-  dummy = jnp.ones((1, 4), jnp.int32)
-  params = nn.unbox(jax.jit(m.init)(jax.random.key(3), dummy, dummy))['params']
+  m, params = test_variants.build(**{'num_encoder_layers': 1, **changes})
   return m, params, jax.jit(lambda p, *a, **kw: m.apply({'params': p}, *a, **kw))
 
 

@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from experiments.benchmark.common import machine
+from experiments.benchmark.report import write_json
 
 
 def anon_bytes() -> int:
@@ -255,8 +256,7 @@ def main(argv=None):
             f"(exact: {r['exact']}, state {r['state_bytes']} bytes)",
             flush=True)
   if args.json:
-    with open(args.json, 'w') as f:
-      json.dump(result, f, indent=2)
+    write_json(result, args.json)
   return result
 
 

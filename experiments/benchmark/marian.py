@@ -15,12 +15,13 @@ number of decoder steps. Needs torch and transformers.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 import numpy as np
+
+from experiments.benchmark.report import write_json
 
 
 def _hf_model(args):
@@ -172,8 +173,7 @@ def main(argv=None) -> dict:
         f"first batch {res['hf']['first_batch_seconds']:.1f} s |\n"
         f"\nspeedup (sentences/s): {res['speedup']:.2f}x")
   if args.json:
-    with open(args.json, 'w') as f:
-      json.dump(res, f, indent=2)
+    write_json(res, args.json)
   return res
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -37,6 +36,7 @@ import httpx
 import numpy as np
 
 from experiments.benchmark.common import machine
+from experiments.benchmark.report import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -165,8 +165,7 @@ def main(argv=None) -> dict:
              for c in levels} for beam in beams}
   print(format_table(result, levels, beams))
   if args.json:
-    with open(args.json, 'w') as f:
-      json.dump(result, f, indent=2)
+    write_json(result, args.json)
   return result
 
 
