@@ -206,13 +206,9 @@ class ExportedTranslator:
     """Translations of ``texts`` in order; an empty input gives ''."""
     beam_size = self._beam(beam_size)
     encoded = [self.encode(t, i, too_long) for i, t in enumerate(texts)]
-    out = [''] * len(texts)
-    for chunk, _ in source_batches.plan(encoded, self.batch_size,
-                                        self.max_input, self.buckets):
-      for i, text in zip(chunk, self.translate_encoded(
-          [encoded[i] for i in chunk], beam_size)):
-        out[i] = text
-    return out
+    return source_batches.translate_in_order(
+        encoded, self.batch_size, self.max_input,
+        lambda rows, _: self.translate_encoded(rows, beam_size), self.buckets)
 
 
 def load(path: str) -> ExportedTranslator:

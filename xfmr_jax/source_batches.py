@@ -79,6 +79,19 @@ def plan(encoded: Sequence[list[int] | None], batch_size: int, max_input: int,
   return calls
 
 
+def translate_in_order(encoded: Sequence[list[int] | None], batch_size: int,
+                       max_input: int, translate_chunk,
+                       buckets: Sequence[int] = BUCKETS) -> list[str]:
+  """Texts for ``encoded`` in order ('' where ``None``), one
+  ``translate_chunk(rows, width) -> list[str]`` call per :func:`plan` entry."""
+  out = [''] * len(encoded)
+  for chunk, width in plan(encoded, batch_size, max_input, buckets):
+    for i, text in zip(chunk, translate_chunk([encoded[i] for i in chunk],
+                                              width)):
+      out[i] = text
+  return out
+
+
 def pad_rows(rows: Sequence[list[int]], width: int, num_rows: int) -> np.ndarray:
   """``[num_rows, width]`` int32 with ``rows`` at the top, PAD elsewhere."""
   out = np.full((num_rows, width), PAD, np.int32)

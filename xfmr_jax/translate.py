@@ -116,12 +116,10 @@ class Translator:
     encoded = [source_batches.encode_source(self.tokenizer, t, i,
                                             self.max_input, self.too_long)
                for i, t in enumerate(texts)]
-    out = [''] * len(texts)
-    for chunk, width in source_batches.plan(encoded, self.batch_size,
-                                            self.max_input):
-      inputs = source_batches.pad_rows([encoded[i] for i in chunk], width,
-                                       self.batch_size)
-      outputs = self.decode_ids(inputs)
-      for row, i in enumerate(chunk):
-        out[i] = self.tokenizer.decode(outputs[row])
-    return out
+
+    def translate_chunk(rows, width):
+      outputs = self.decode_ids(source_batches.pad_rows(rows, width,
+                                                        self.batch_size))
+      return [self.tokenizer.decode(outputs[r]) for r in range(len(rows))]
+    return source_batches.translate_in_order(encoded, self.batch_size,
+                                             self.max_input, translate_chunk)
