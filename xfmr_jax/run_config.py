@@ -30,7 +30,8 @@ _RANGES = {'lr_scale': (0.0, float('inf'), False),
            'beam_alpha': (0.0, float('inf'), True),
            'adam_b1': (0.0, 1.0, True), 'adam_b2': (0.0, 1.0, True),
            'adam_eps': (0.0, float('inf'), False),
-           'grad_clip_norm': (0.0, float('inf'), True)}
+           'grad_clip_norm': (0.0, float('inf'), True),
+           'ema_decay': (0.0, 1.0, True)}
 # Fields that a resumed run must share with the run that wrote the workdir
 # (besides config.model's, of which only these may change).
 _SHAPE_FIELDS = ('vocab_size', 'tokenizer_type', 'tokenizer_path')
@@ -137,6 +138,10 @@ def check_resumable(saved: dict, config_json: dict, workdir: str) -> None:
             and model.get(k) != new_model.get(k)]
   differ += [k for k in _SHAPE_FIELDS
              if k in saved and saved[k] != config_json.get(k)]
+  # The moving average lives in the optimizer state: on in one run and off
+  # in the other, the checkpoints have another structure (its decay may change).
+  if (saved.get('ema_decay', 0.0) > 0) != (config_json.get('ema_decay', 0.0) > 0):
+    differ.append('ema_decay')
   if differ:
     shown = ', '.join(f"{k} ({_get(saved, k)!r} there, {_get(config_json, k)!r}"
                       ' here)' for k in differ)

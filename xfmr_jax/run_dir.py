@@ -60,7 +60,8 @@ def build_model_and_optimizer(config, vocab_size: int):
       lr_scale=config.lr_scale, learning_rate=schedule(config),
       b1=config.adam_b1, b2=config.adam_b2,
       eps=config.adam_eps, grad_clip_norm=config.grad_clip_norm,
-      grad_accum_steps=config.grad_accum_steps)
+      grad_accum_steps=config.grad_accum_steps,
+      ema_decay=config.get('ema_decay', 0.0))  # older configs predate it
   return model, tx
 
 
@@ -215,4 +216,4 @@ def load_for_inference(workdir: str, step: int | None = None):
     ckpt.close()
   if restored is None:
     raise checkpoint.CheckpointError(f'no checkpoint in {ckpt_dir}')
-  return model, restored[1].params, tokenizer, config
+  return model, optim.eval_params(restored[1]), tokenizer, config

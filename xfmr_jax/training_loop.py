@@ -133,7 +133,10 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
       train_iter.set_state(data_state)
     log.info('resumed from checkpoint %d in %s', step0, ckpt.directory)
   elif config.get('init_from'):
-    state = state.replace(params=run_dir.init_params(config, state.params))
+    params = run_dir.init_params(config, state.params)
+    # A fresh optimizer state for them: its moving average starts there too.
+    opt_state = jax.jit(tx.init, out_shardings=state_shardings.opt_state)(params)
+    state = state.replace(params=params, opt_state=opt_state)
     log.info('starting from the parameters of %s', config.init_from)
   run_dir.write_config(workdir, config_json)
   writer = MetricsWriter(workdir, resume_step=step0)
@@ -171,8 +174,9 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
     stop_point('eval')
     with sharding.use(mesh, rules):
       metrics, samples = evaluation.evaluate(
-          config, model, state.params, tokenizer, eval_fn, eval_batches,
-          eval_source, config.bleu_samples, mesh, progress='eval')
+          config, model, optim.eval_params(state), tokenizer, eval_fn,
+          eval_batches, eval_source, config.bleu_samples, mesh,
+          progress='eval')
     writer.write(step, 'eval', metrics)
     bar.write(f"step {step}: eval loss {metrics['loss']:.4f} nll "
               f"{metrics['nll']:.4f} BLEU {metrics['bleu']:.2f} exact match "
@@ -272,8 +276,9 @@ def _final_eval(config, model, state, tokenizer, eval_fn, writer, step,
       test_source, tokenizer, batch_size=config.eval_batch_size,
       max_length=config.eval_max_length, limit=config.test_samples or None)
   metrics, samples = evaluation.evaluate(
-      config, model, state.params, tokenizer, eval_fn, batches, test_source,
-      config.test_samples, mesh, progress='test', should_stop=should_stop)
+      config, model, optim.eval_params(state), tokenizer, eval_fn, batches,
+      test_source, config.test_samples, mesh, progress='test',
+      should_stop=should_stop)
   writer.write(step, 'test', metrics)
   if jax.process_index() == 0:
     print(f"test ({config.test_split}, {len(samples)} sentences): BLEU "

@@ -68,6 +68,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.label_smoothing = 0.1
   c.grad_clip_norm = 0.0       # 0 = no clipping
   c.grad_accum_steps = 1
+  # > 0: keep an exponential moving average of the parameters with this decay
+  # (optim.params_average; the paper averages its last checkpoints instead),
+  # and evaluate, pick the best checkpoint and translate with it. 0 = off.
+  c.ema_decay = 0.0
   c.seed = 0
   # Progress, evaluation and checkpoints.
   c.log_every = 50
