@@ -1,6 +1,6 @@
 r"""Short trials of toy-task recipes, measured side by side.
 
-    python -m experiments.sweep --trials=base,lr1,ls0 --steps=600 \
+    python -m experiments.sweep --trials=base,lr07,ls0 --steps=600 \
         --workdir=workdir/sweep --out=docs/toy_sweep.md
 
 Each trial is one ``python -m experiments.train_wmt`` run in its own process
@@ -22,10 +22,11 @@ import time
 
 from absl import app, flags
 
-# name -> config overrides (flag form, as on the train_wmt command line). The
-# trials of docs/toy_task.md vary the recipe of 64-row batches; 'b32' is the
-# batch size the default recipe has now.
-B64 = {'batch_size': 64}
+# name -> config overrides (flag form, as on the train_wmt command line).
+# The short trials of docs/toy_task.md vary the recipe of 64-row batches
+# without the parameter average; the full-length ones compare averages.
+NO_AVG = {'ema_decay': 0.0}
+B64 = {'batch_size': 64, **NO_AVG}
 TRIALS = {
     'base': B64,
     'lr035': {**B64, 'lr_scale': 0.35},
@@ -39,9 +40,17 @@ TRIALS = {
     'dec3': {**B64, 'model.num_decoder_layers': 3},
     'h8': {**B64, 'model.num_heads': 8},
     # The same number of rows (tokens) as 400 steps of 64 rows:
-    'b128': {'batch_size': 128, 'num_train_steps': 200, 'eval_every': 100},
-    'b32': {'batch_size': 32, 'num_train_steps': 800, 'eval_every': 400},
-    'b16': {'batch_size': 16, 'num_train_steps': 1600, 'eval_every': 800},
+    'b128': {'batch_size': 128, 'num_train_steps': 200, 'eval_every': 100,
+             **NO_AVG},
+    'b32': {'batch_size': 32, 'num_train_steps': 800, 'eval_every': 400,
+            **NO_AVG},
+    'b16': {'batch_size': 16, 'num_train_steps': 1600, 'eval_every': 800,
+            **NO_AVG},
+    # The default recipe (toy.py as it is) and its parameter average.
+    'default': {},
+    'noema': NO_AVG,
+    'ema098': {'ema_decay': 0.98},
+    'ema0995': {'ema_decay': 0.995},
 }
 
 _TRIALS = flags.DEFINE_list('trials', ['base'], f'Trials to run: {sorted(TRIALS)}.')

@@ -16,11 +16,17 @@ from __future__ import annotations
 import logging
 import os
 
-from absl import app, flags
-from absl import logging as absl_logging
-from ml_collections import config_flags
+from xfmr_jax import host_memory
 
-from experiments import entry
+# Before anything imports jax: the train step's scratch buffer is then reused
+# from call to call instead of being mapped afresh (see host_memory).
+host_memory.reuse_freed_memory()
+
+from absl import app, flags  # noqa: E402  (after the malloc settings)
+from absl import logging as absl_logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from experiments import entry  # noqa: E402
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), 'configs', 'toy.py')
 with entry.flag_errors():  # overrides in argv are applied here already

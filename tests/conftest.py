@@ -3,10 +3,6 @@ import os
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
-from xfmr_jax import host_memory  # noqa: E402
-
-host_memory.reuse_freed_memory()  # before jax starts its threads
-
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -10,10 +10,15 @@ that. :func:`reuse_freed_memory` makes glibc serve every request from its
 main heap and keep what is freed, so each call reuses the previous call's
 pages. Numerics are unchanged; the process keeps its peak memory.
 
+One heap means one lock, which the small allocations of all threads then
+share: cached decoding, whose scratch buffers are small, ran 11-16% slower
+with these settings (docs/benchmarks.md). So the trainer,
+``python -m experiments.train_wmt``, uses them, and translation and serving
+keep glibc's defaults.
+
 The settings only reach threads that have not allocated yet, so call it
-before importing jax (the command-line entry points and the tests do). It
-does nothing off glibc (macOS, musl) or when the environment already sets
-glibc's malloc tunables, which then win.
+before importing jax. It does nothing off glibc (macOS, musl) or when the
+environment already sets glibc's malloc tunables, which then win.
 """
 from __future__ import annotations
 
