@@ -53,29 +53,22 @@ TRIALS = {
     'ema0995': {'ema_decay': 0.995},
 }
 
-_TRIALS = flags.DEFINE_list('trials', ['base'], f'Trials to run: {sorted(TRIALS)}.')
-_STEPS = flags.DEFINE_integer('steps', 600, 'Training steps of every trial.')
-_EVAL_EVERY = flags.DEFINE_integer('eval_every', 150, 'Steps between evaluations.')
-_EVAL_SENTENCES = flags.DEFINE_integer('eval_sentences', 500,
-                                       'Validation sentences decoded per eval.')
-_SEED = flags.DEFINE_integer('seed', 0, 'Random seed of every trial.')
-_WORKDIR = flags.DEFINE_string('workdir', 'workdir/sweep', 'One folder per trial.')
-_OUT = flags.DEFINE_string('out', '', 'Write the Markdown table here too.')
-
 
 def command(name: str, workdir: str) -> list[str]:
   """The train_wmt command line of one trial."""
-  overrides = {'num_train_steps': _STEPS.value, 'eval_every': _EVAL_EVERY.value,
-               'bleu_samples': _EVAL_SENTENCES.value,
-               'test_samples': _EVAL_SENTENCES.value,
-               'checkpoint_every': _STEPS.value, 'num_print_samples': 0,
-               'seed': _SEED.value, **TRIALS[name]}
+  f = flags.FLAGS
+  overrides = {'num_train_steps': f.steps, 'eval_every': f.eval_every,
+               'bleu_samples': f.eval_sentences,
+               'test_samples': f.eval_sentences,
+               'checkpoint_every': f.steps, 'num_print_samples': 0,
+               'seed': f.seed, **TRIALS[name]}
   return [sys.executable, '-m', 'experiments.train_wmt', f'--workdir={workdir}',
           *(f'--config.{k}={v}' for k, v in overrides.items())]
 
 
 def run_trial(name: str) -> dict:
-  workdir = os.path.join(_WORKDIR.value, f'{name}_seed{_SEED.value}')
+  f = flags.FLAGS
+  workdir = os.path.join(f.workdir, f'{name}_seed{f.seed}')
   final_path = os.path.join(workdir, 'final_metrics.json')
   wall = None
   if not os.path.exists(final_path):
@@ -128,21 +121,36 @@ def table(results: list[dict]) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  unknown = [t for t in _TRIALS.value if t not in TRIALS]
+  f = flags.FLAGS
+  unknown = [t for t in f.trials if t not in TRIALS]
   if unknown:
     sys.exit(f'error: unknown trials {unknown}; choose from {sorted(TRIALS)}')
   results = []
-  for name in _TRIALS.value:
+  for name in f.trials:
     results.append(run_trial(name))
     print(table(results[-1:]).splitlines()[-1], flush=True)
   text = table(results)
   print(text)
-  if _OUT.value:
-    with open(_OUT.value, 'w') as f:
-      f.write(text + '\n')
-  with open(os.path.join(_WORKDIR.value, 'sweep.json'), 'w') as f:
-    json.dump(results, f, indent=2)
+  if f.out:
+    with open(f.out, 'w') as out:
+      out.write(text + '\n')
+  with open(os.path.join(f.workdir, 'sweep.json'), 'w') as out:
+    json.dump(results, out, indent=2)
+
+
+def _define_flags():
+  """Command-line flags, defined only when run as a script (tests import
+  the trials and the table beside other scripts' flags)."""
+  flags.DEFINE_list('trials', ['base'], f'Trials to run: {sorted(TRIALS)}.')
+  flags.DEFINE_integer('steps', 600, 'Training steps of every trial.')
+  flags.DEFINE_integer('eval_every', 150, 'Steps between evaluations.')
+  flags.DEFINE_integer('eval_sentences', 500,
+                       'Validation sentences decoded per eval.')
+  flags.DEFINE_integer('seed', 0, 'Random seed of every trial.')
+  flags.DEFINE_string('workdir', 'workdir/sweep', 'One folder per trial.')
+  flags.DEFINE_string('out', '', 'Write the Markdown table here too.')
 
 
 if __name__ == '__main__':
+  _define_flags()
   app.run(main)
