@@ -106,13 +106,17 @@ def make_optimizer(*, d_model: int, warmup_steps: int, lr_scale: float = 1.0,
   return tx
 
 
+def _states_of(opt_state, kind) -> list:
+  """The sub-states of type ``kind`` inside a (chained, wrapped) optax state."""
+  is_kind = lambda x: isinstance(x, kind)
+  return [s for s in jax.tree.leaves(opt_state, is_leaf=is_kind) if is_kind(s)]
+
+
 def updates_applied(opt_state) -> jax.Array:
   """How many updates the optimizer has applied: the count of its learning-rate
   schedule. With gradient accumulation that is one per ``grad_accum_steps``
   micro-steps, and a step skipped for a non-finite loss does not count."""
-  states = [s for s in jax.tree.leaves(
-      opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState))
-            if isinstance(s, optax.ScaleByScheduleState)]
+  states = _states_of(opt_state, optax.ScaleByScheduleState)
   if len(states) != 1:
     raise ValueError(f'expected one learning-rate schedule in the optimizer '
                      f'state, found {len(states)}')
@@ -128,9 +132,7 @@ def last_learning_rate(opt_state, schedule: optax.Schedule) -> jax.Array:
 def averaged_params(opt_state):
   """The moving average of :func:`params_average` in ``opt_state``, or None
   if the optimizer keeps none."""
-  states = [s for s in jax.tree.leaves(
-      opt_state, is_leaf=lambda x: isinstance(x, ParamsAverageState))
-            if isinstance(s, ParamsAverageState)]
+  states = _states_of(opt_state, ParamsAverageState)
   return states[0].average if states else None
 
 
