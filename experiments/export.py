@@ -28,7 +28,8 @@ _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step; default newest.')
 _BEAMS = flags.DEFINE_list('beam_sizes', ['4', '1'],
                            'Decoders to export (1 = greedy); the first is the '
                            'default of the loaded translator.')
-_ALPHA = flags.DEFINE_float('alpha', 0.6, 'Beam search length penalty.')
+_ALPHA = flags.DEFINE_float('alpha', None, 'Beam search length penalty; '
+                            "default: the workdir config's beam_alpha.")
 _EXTRA = flags.DEFINE_integer('max_decode_extra', 50,
                               'Decode up to input length + this many tokens.')
 _BATCH = flags.DEFINE_integer('batch_size', 64,
@@ -53,10 +54,11 @@ def main(argv):
   from xfmr_jax import export
   start = time.time()
   try:
+    chosen = {} if _ALPHA.value is None else {'alpha': _ALPHA.value}
     manifest = export.export_workdir(
-        _WORKDIR.value, _OUT.value, _STEP.value, beam_sizes=beams,
-        alpha=_ALPHA.value, max_decode_extra=_EXTRA.value,
-        batch_size=_BATCH.value, platforms=_PLATFORMS.value)
+        _WORKDIR.value, _OUT.value, _STEP.value, beam_sizes=beams, **chosen,
+        max_decode_extra=_EXTRA.value, batch_size=_BATCH.value,
+        platforms=_PLATFORMS.value)
   except ValueError as e:
     entry.fail(str(e))
   print(f'wrote {_OUT.value}: {len(manifest["modules"])} modules for '

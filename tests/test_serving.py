@@ -171,6 +171,16 @@ def test_export_cli_and_its_errors(trained_workdir, tmp_path):
   assert manifest['platforms'] == ['cpu', 'cuda', 'tpu']
   assert serving.load(str(out))(['drag'], beam_size=1)[0] == Translator(
       *_model_params_tokenizer(trained_workdir))(['drag'])[0]
+  # Without --alpha the artifact scores beams as the workdir's config says.
+  workdir = tmp_path / 'workdir'
+  shutil.copytree(trained_workdir, workdir)
+  config = json.loads((workdir / 'config.json').read_text())
+  (workdir / 'config.json').write_text(json.dumps({**config, 'beam_alpha': 0.9}))
+  run = cli(f'--workdir={workdir}', f'--out={tmp_path}/art2', '--beam_sizes=1',
+            '--platforms=cpu')
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert json.loads((tmp_path / 'art2' / 'manifest.json').read_text())[
+      'alpha'] == 0.9
   for args, message in [
       ([f'--workdir={tmp_path}/none'], 'is not a directory'),
       ([f'--workdir={tmp_path}'], 'is not a training workdir'),

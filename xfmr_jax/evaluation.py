@@ -15,7 +15,7 @@ import tqdm
 
 from xfmr_jax import sharding, train_steps
 from xfmr_jax.data import pipeline
-from xfmr_jax.translate import Translator
+from xfmr_jax.translate import Translator, beam_settings
 
 
 class Stopped(Exception):
@@ -26,8 +26,7 @@ def translator(config, model, params, tokenizer) -> Translator:
   """The :class:`Translator` a training config evaluates with (its beam size,
   length penalty, decode length and batch size)."""
   return Translator(model, params, tokenizer, beam_size=config.beam_size,
-                    alpha=config.beam_alpha,
-                    beam_rules=config.get('beam_rules', 'gnmt'),
+                    **beam_settings(config),
                     max_decode_extra=config.max_decode_extra,
                     batch_size=config.eval_batch_size)
 

@@ -160,6 +160,5 @@ def export_workdir(workdir: str, out_dir: str, step: int | None = None,
   training workdir; ``alpha`` and ``beam_rules`` default to the workdir's
   (as for ``Translator.from_workdir``)."""
   model, params, tokenizer, config = run_dir.load_for_inference(workdir, step)
-  kwargs.setdefault('beam_rules', config.get('beam_rules', 'gnmt'))
-  kwargs.setdefault('alpha', config.get('beam_alpha', 0.6))
-  return export_translator(model, params, tokenizer, out_dir, **kwargs)
+  return export_translator(model, params, tokenizer, out_dir,
+                           **{**translate.beam_settings(config), **kwargs})

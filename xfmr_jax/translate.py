@@ -42,6 +42,14 @@ def search(model: SequenceModel, params, inputs, *, beam_size: int,
   return out
 
 
+def beam_settings(config) -> dict:
+  """The beam scoring a workdir's config asks for: ``beam_rules`` and
+  ``alpha`` (its ``beam_alpha``; configs written before a field existed get
+  the defaults 'gnmt' and 0.6)."""
+  return dict(beam_rules=config.get('beam_rules', 'gnmt'),
+              alpha=config.get('beam_alpha', 0.6))
+
+
 class Translator:
   """A callable ``list[str] -> list[str]`` around a model and its tokenizer.
 
@@ -87,9 +95,7 @@ class Translator:
     ``beam_rules`` and ``beam_alpha`` (an imported Marian model's are 'hf' and
     1.0, as ``generate`` scores)."""
     model, params, tokenizer, config = run_dir.load_for_inference(workdir, step)
-    kwargs.setdefault('beam_rules', config.get('beam_rules', 'gnmt'))
-    kwargs.setdefault('alpha', config.get('beam_alpha', 0.6))
-    return cls(model, params, tokenizer, **kwargs)
+    return cls(model, params, tokenizer, **{**beam_settings(config), **kwargs})
 
   @staticmethod
   def bucket(length: int, limit: int) -> int:
