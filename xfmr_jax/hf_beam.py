@@ -67,7 +67,7 @@ def _best_extensions(logits, alive_logp, n, forced):
   """
   batch, k = alive_logp.shape
   lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-  values, tokens = jax.lax.top_k(logits.at[:, PAD].set(-jnp.inf), n)
+  values, tokens = jax.lax.top_k(decode._no_pad(logits), n)
   logp = values - lse                                       # [batch * k, n]
   first = jnp.arange(n) == 0
   logp = jnp.where(forced, jnp.where(first, 0.0, -jnp.inf), logp)
@@ -76,15 +76,6 @@ def _best_extensions(logits, alive_logp, n, forced):
   best, index = jax.lax.top_k(candidates.reshape(batch, k * n), n)
   token = jnp.take_along_axis(tokens.reshape(batch, k * n), index, axis=1)
   return best, index // n, token
-
-
-def _reorder(path, x, rows, axis):
-  """Self-attention caches follow their beams; the cross-attention ones (the
-  encoder's keys and values) are the same for every beam of a sentence and
-  parents never cross sentences, so they stay."""
-  if any(getattr(p, 'key', None) == 'cross_attention' for p in path):
-    return x
-  return jnp.take(x, rows, axis=axis)
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -156,8 +147,7 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
                       _OFF)
     still_open = beams['open'] & jnp.any(best_alive > worst, axis=1)
     rows = (jnp.arange(batch)[:, None] * k + parent).reshape(-1)
-    cache = jax.tree_util.tree_map_with_path(
-        lambda path, x: _reorder(path, x, rows, axis), cache)
+    cache = decode._reorder_beams(cache, rows, axis)
     return t + 1, dict(alive_seqs=alive_seqs, alive_logp=alive_logp,
                        fin_seqs=fin_seqs, fin_scores=fin_scores,
                        fin_done=fin_done, open=still_open,
