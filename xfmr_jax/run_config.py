@@ -32,6 +32,8 @@ _RANGES = {'lr_scale': (0.0, float('inf'), False),
            'adam_eps': (0.0, float('inf'), False),
            'grad_clip_norm': (0.0, float('inf'), True),
            'ema_decay': (0.0, 1.0, True)}
+_DATASET_FAMILIES = ('toy_translate',
+                     *(name.split('/')[0] for name in data.sources.WMT))
 # Fields that a resumed run must share with the run that wrote the workdir
 # (besides config.model's, of which only these may change).
 _SHAPE_FIELDS = ('vocab_size', 'tokenizer_type', 'tokenizer_path')
@@ -117,13 +119,11 @@ def validate_config(config) -> None:
       path = path.replace('{split}', config.train_split)
       if not os.path.exists(path):
         raise ConfigError(f'config.dataset: data file {path!r} does not exist')
-  elif not (config.dataset.split('/')[0] in ('toy_translate', 'wmt14_translate',
-                                             'wmt17_translate',
-                                             'wmt_t2t_translate')):
+  elif config.dataset.split('/')[0] not in _DATASET_FAMILIES:
     raise ConfigError(f'config.dataset={config.dataset!r} is unknown; use '
-                      "'toy_translate', 'wmt14_translate/de-en', "
-                      "'wmt17_translate/de-en', 'wmt_t2t_translate/de-en', "
-                      "'tsv:PATH' or 'files:SRC,TGT'")
+                      "'toy_translate', "
+                      + ''.join(f'{name!r}, ' for name in data.sources.WMT)
+                      + "'tsv:PATH' or 'files:SRC,TGT'")
 
 
 def check_resumable(saved: dict, config_json: dict, workdir: str) -> None:

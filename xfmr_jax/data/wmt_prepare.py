@@ -32,13 +32,10 @@ import uuid
 
 from etils import epath
 
+from xfmr_jax.data.sources import WMT as DATASETS
 from xfmr_jax.data.text_files import DataError
 
 log = logging.getLogger(__name__)
-
-DATASETS = ('wmt14_translate/de-en', 'wmt17_translate/de-en',
-            'wmt_t2t_translate/de-en')
-
 
 class DownloadFailed(OSError):
   """A download could not be completed; the message names the URL."""
