@@ -37,6 +37,7 @@ from jax import export as jax_export
 
 from xfmr_jax import decode, run_dir, source_batches, translate
 from xfmr_jax.model import SequenceModel
+from xfmr_jax import serving
 from xfmr_jax.serving import FORMAT, MANIFEST, PARAMS, sha256
 
 PLATFORMS = ('cpu', 'cuda', 'rocm', 'tpu')
@@ -48,8 +49,7 @@ def module_name(beam_size: int, width: int) -> str:
 
 def default_platforms() -> list[str]:
   """The CPU plus the backend this process runs on (if another)."""
-  here = jax.default_backend()
-  here = 'cuda' if here == 'gpu' else here
+  here = serving.platform()
   return ['cpu'] + ([here] if here != 'cpu' else [])
 
 

@@ -94,6 +94,13 @@ def _load_params(path: str, manifest: dict) -> list[np.ndarray]:
           for x, spec in zip(leaves, manifest['params'])]
 
 
+def platform() -> str:
+  """This process's backend by its ``jax.export`` lowering name ('cpu',
+  'cuda', 'tpu'; jax calls a CUDA GPU 'gpu')."""
+  backend = jax.default_backend()
+  return 'cuda' if backend == 'gpu' else backend
+
+
 class ExportedTranslator:
   """A callable ``list[str] -> list[str]`` around an artifact's modules.
 
@@ -104,8 +111,7 @@ class ExportedTranslator:
     manifest = _read_manifest(path)
     _check_calling_convention(manifest)
     self.path, self.manifest = path, manifest
-    backend = jax.default_backend()
-    backend = 'cuda' if backend == 'gpu' else backend
+    backend = platform()
     if backend not in manifest['platforms']:
       raise ArtifactError(
           f'{path} was exported for {manifest["platforms"]}, not for this '

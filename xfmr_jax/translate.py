@@ -75,7 +75,8 @@ class Translator:
                too_long: str = 'truncate', temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int = 0):
     if beam_rules not in BEAM_RULES:
-      raise ValueError(f"beam_rules must be 'gnmt' or 'hf', got {beam_rules!r}")
+      raise ValueError(f'beam_rules must be one of {BEAM_RULES}, got '
+                       f'{beam_rules!r}')
     if too_long not in ('truncate', 'error'):
       raise ValueError(f"too_long must be 'truncate' or 'error', got {too_long!r}")
     self.model, self.params, self.tokenizer = model, params, tokenizer
