@@ -127,9 +127,9 @@ def generation_settings(hf_dir: str, hf: dict) -> dict:
               beam_alpha=float(gen.get('length_penalty', 1.0)))
 
 
-def read_weights(hf_dir: str) -> dict:
-  """``{name: float32 numpy array}`` of ``model.safetensors`` (or, with torch
-  installed, ``pytorch_model.bin``)."""
+def read_weights(hf_dir: str) -> tuple[dict, str]:
+  """``({name: float32 numpy array}, path)`` of ``model.safetensors`` (or,
+  with torch installed, ``pytorch_model.bin``)."""
   path = os.path.join(hf_dir, WEIGHT_FILES[0])
   if os.path.exists(path):
     from safetensors import SafetensorError
@@ -155,7 +155,7 @@ def read_weights(hf_dir: str) -> dict:
   else:
     raise MarianImportError(f'{hf_dir} has no weights: expected '
                             f'{" or ".join(WEIGHT_FILES)}')
-  return {k: np.asarray(v, np.float32) for k, v in tensors.items()}
+  return {k: np.asarray(v, np.float32) for k, v in tensors.items()}, path
 
 
 class _Weights:
@@ -200,7 +200,8 @@ def convert_params(tensors: dict, fields: dict, vocab_size: int,
   """This library's params tree (unscanned layers) from Marian's tensors.
 
   Args:
-    tensors: ``{name: array}`` as :func:`read_weights` returns.
+    tensors: ``{name: array}``, the first of what :func:`read_weights`
+      returns.
     fields: :func:`model_fields`; vocab_size: Marian's vocabulary size.
     ours_to_marian: ``[vocab]`` Marian id of each of our ids.
   """
@@ -271,9 +272,7 @@ def read_hf_dir(hf_dir: str):
       raise MarianImportError(
           f'{config_path}: {field}={hf.get(field)!r} but vocab.json gives '
           f'{tokenizer.marian_ids[name]}')
-  tensors = read_weights(hf_dir)
-  source = next(os.path.join(hf_dir, n) for n in WEIGHT_FILES
-                if os.path.exists(os.path.join(hf_dir, n)))
+  tensors, source = read_weights(hf_dir)
   params = convert_params(tensors, fields, vocab_size,
                           tokenizer.ours_to_marian, source)
   return fields, params, tokenizer, generation_settings(hf_dir, hf)
