@@ -35,7 +35,6 @@ def training_config(fields: dict, vocab_size: int, generation: dict):
   config.vocab_size = vocab_size
   config.beam_size = generation['beam_size']
   config.beam_alpha = generation['beam_alpha']
-  config.beam_rules = 'hf'
   config.max_length = min(config.max_length, fields['max_len'])
   config.eval_max_length = min(config.eval_max_length, fields['max_len'])
   return config

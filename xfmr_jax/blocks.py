@@ -199,10 +199,14 @@ class OutputHead(nn.Module):
       return jax.lax.stop_gradient(self.bias)
     return self.bias
 
+  def _matrix(self):
+    """``[vocab, d_model]``: the output weights (the embedding table if tied)."""
+    return self.kernel.T if self.shared is None else self.shared.embedding
+
   def table(self):
     """``[vocab, d_model]`` (``[vocab, d_model + 1]`` with a logits bias, its
     last column): logits are ``x @ table^T`` for :meth:`hidden` ``x``."""
-    table = self.kernel.T if self.shared is None else self.shared.embedding
+    table = self._matrix()
     if self.config.logits_bias == 'none':
       return table
     return jnp.concatenate([table, self._bias()[:, None]], axis=1)
@@ -218,8 +222,7 @@ class OutputHead(nn.Module):
 
   def __call__(self, x):
     """``[..., d_model] -> float32 [..., vocab]``."""
-    table = self.kernel.T if self.shared is None else self.shared.embedding
-    logits = losses.project(x, table)
+    logits = losses.project(x, self._matrix())
     if self.config.logits_bias != 'none':
       logits = logits + self._bias()
     return logits
