@@ -1,15 +1,21 @@
 """The benchmark and the GPU check run end to end in a tiny quick mode."""
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from experiments.benchmark import cli, common, torch_reference
+from experiments.benchmark import cli, common, flax_wmt, flax_wmt_beam
+from experiments.benchmark import torch_reference
 from experiments.benchmark import train as train_bench
 from xfmr_jax import config as config_lib
+from xfmr_jax.token_ids import EOS, PAD, UNK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,9 +36,10 @@ def _check_train(row, with_torch):
     assert row['ratio_vs_torch_default']['main'] > 0
 
 
-def test_benchmark_quick(tmp_path):
+def test_benchmark_quick(tmp_path, capsys):
   path = tmp_path / 'bench.json'
   res = cli.main(['--quick', '--variants', 'tiny', '--json', str(path)])
+  printed = capsys.readouterr().out
   on_disk = json.loads(path.read_text())
   assert on_disk['train'][0]['size'] == 'tiny'
   with_torch = torch_reference.torch_available()
@@ -44,6 +51,19 @@ def test_benchmark_quick(tmp_path):
     assert run['tokens_per_s'] > 0
     assert 0 < run['generated_tokens'] <= dec['batch'] * dec['output_length']
   assert dec['cached_vs_naive'] > 0
+  # The yardstick: the flax example's step and beam search, same rounds.
+  flax_row = on_disk['train'][0]['runs']['flax_wmt']
+  assert flax_row['tokens_per_s'] > 0 and flax_row['compile_s'] > 0
+  assert flax_row['mfu'] > 0 and flax_row['memory']['xla_step_bytes'] > 0
+  assert on_disk['train'][0]['ratio_vs_flax_wmt']['main'] > 0
+  yard = dec['runs']['flax_wmt_beam4']
+  # The zeroed EOS embedding: every row emits all of its tokens.
+  assert yard['generated_tokens'] == dec['batch'] * dec['output_length']
+  assert yard['tokens_per_s'] > 0 and yard['first_call_s'] > 0
+  assert dec['beam4_vs_flax_wmt'] == pytest.approx(
+      dec['runs']['beam4_cached']['tokens_per_s'] / yard['tokens_per_s'])
+  for line in ('main vs flax_wmt', 'flax_wmt_beam4', 'vs flax_wmt'):
+    assert line in printed, line
   assert 'machine' in res and 'memory_method' in res
   runs = on_disk['train'][0]['runs']
   assert {'main', 'no_dropout', 'scan', 'remat'} <= set(runs)
@@ -186,3 +206,92 @@ def test_long_attention_benchmark_writes_its_table_plot_and_json(tmp_path):
       'layer', 'model'}
   assert '| full |' in open(out + '.table.md').read()
   assert os.path.getsize(out + '.png') > 10_000
+
+
+# ------------------------------------------------- the flax_wmt yardstick --
+
+@pytest.fixture(scope='module')
+def flax_wmt_tiny():
+  """The yardstick at the 'tiny' size: config, decode params (EOS embedding
+  zeroed) and inputs [2, 12]. The embedding is scaled down: at full scale a
+  random model's residual stream is mostly the previous token's embedding,
+  and it repeats one token whatever the rest computes."""
+  cfg = config_lib.ModelConfig(**common.SIZES['tiny']['model'])
+  wcfg = flax_wmt.WmtConfig.from_model_config(cfg)
+  params = flax_wmt_beam.decode_params(wcfg, 16)
+  params['shared_embedding']['embedding'] *= 0.3
+  inputs = common.random_batch(wcfg.vocab_size, 2, 12, seed=1)['inputs']
+  return wcfg, params, jnp.asarray(inputs)
+
+
+_full_logits = jax.jit(flax_wmt.full_logits, static_argnums=0)
+
+
+def test_flax_wmt_cached_decoder_matches_its_full_decoder(flax_wmt_tiny):
+  wcfg, params, inputs = flax_wmt_tiny
+  targets = jnp.asarray(common.random_batch(wcfg.vocab_size, 2, 10,
+                                            seed=2)['targets'])
+  targets = targets.at[:, -1].set(EOS)
+  full = _full_logits(wcfg, params, inputs, targets)
+  dcfg = dataclasses.replace(wcfg, decode=True)
+  cache = flax_wmt_beam.init_cache(dcfg, 2, inputs.shape[1], targets.shape[1])
+  step = jax.jit(flax_wmt_beam.token_logits_fn(dcfg, params, inputs, 1))
+  previous = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]   # start symbol 0
+  cached = []
+  for t in range(targets.shape[1]):
+    logits, cache = step(previous[:, t:t + 1], cache)
+    cached.append(logits)
+  np.testing.assert_allclose(np.stack(cached, axis=1), full, atol=1e-5)
+
+
+def _log_prob_and_length(wcfg, params, inputs, tokens):
+  """Per row: the full model's log-prob of ``tokens`` [b, n] up to and
+  including EOS (the pad column masked, as in the search) and that length."""
+  logits = np.array(_full_logits(wcfg, params, inputs, jnp.asarray(tokens)))
+  logits[..., PAD] = -np.inf
+  logp = np.asarray(jax.nn.log_softmax(logits))
+  ends = [list(row).index(EOS) + 1 if EOS in row else len(row)
+          for row in tokens]
+  return [logp[i, np.arange(n), tokens[i, :n]].sum()
+          for i, n in enumerate(ends)], ends
+
+
+def test_flax_wmt_beam_search_is_greedy_at_one_beam_and_scores_its_pick(
+    flax_wmt_tiny):
+  wcfg, params, inputs = flax_wmt_tiny
+  length = 10
+  tokens, _ = flax_wmt_beam.beam_decode(wcfg, params, inputs, beam_size=1,
+                                        max_decode_len=length)
+  # Plain greedy over the uncached model; undecided slots hold a non-pad
+  # placeholder (a pad target would mask its own position).
+  out = np.full((inputs.shape[0], length), UNK, np.int32)
+  for t in range(length):
+    logits = np.array(_full_logits(wcfg, params, inputs, jnp.asarray(out)))
+    logits[:, t, PAD] = -np.inf
+    out[:, t] = logits[:, t].argmax(-1)
+  np.testing.assert_array_equal(tokens, out)
+  assert EOS not in out   # the zeroed EOS embedding is never picked
+
+  # Beam 4: no row finishes, so each falls back to its live best, scored by
+  # its raw log-prob. With EOS made likely near position 4 (its embedding a
+  # position's), rows finish and score log-prob / ((5 + len) / 6) ** 0.6.
+  table = params['shared_embedding']['embedding']
+  eos_late = jax.tree.map(lambda x: x, params)
+  eos_late['shared_embedding']['embedding'] = table.at[EOS].set(
+      0.5 * flax_wmt.sinusoids(16, wcfg.d_model)[0, 4])
+  batch = jnp.asarray(common.random_batch(wcfg.vocab_size, 4, 12,
+                                          seed=1)['inputs'])
+  finished, lengths = 0, []
+  for p, src in ((params, inputs), (eos_late, batch)):
+    tokens, scores = flax_wmt_beam.beam_decode(wcfg, p, src, beam_size=4,
+                                               max_decode_len=length)
+    tokens = np.asarray(tokens)
+    log_probs, ends = _log_prob_and_length(wcfg, p, src, tokens)
+    lengths += ends
+    for row, logp, n, score in zip(tokens, log_probs, ends, scores):
+      done = EOS in row
+      finished += done
+      want = logp / ((5.0 + n) / 6.0) ** 0.6 if done else logp
+      assert float(score) == pytest.approx(want, abs=1e-4)
+      assert not row[n:].any()   # 0 after EOS
+  assert finished > 0 and 1 < min(lengths) < length

@@ -19,9 +19,17 @@ a machine shared with other jobs slows every contender alike):
   (``torch_default``: also the attention weights and the FFN's hidden layer,
   extra random masks and multiplies that ours does not do, so that row is not
   the same computation). Ratios are against ``torch``, the same computation;
+* the yardstick ``flax_wmt``: google/flax ``examples/wmt``'s Linen model
+  (pre-LN, shared embedding, ``nn.MultiHeadDotProductAttention``) and train
+  step (one-hot label smoothing, ``optax.adamw``, donated state), re-written
+  in ``flax_wmt`` with the same sizes and dropout sites as ours, timed in the
+  same rounds; the report prints our step's ratio to it;
 * decoding: generated tokens/s for cached greedy and beam-4 search, the
-  uncached recompute (``decode.naive_greedy_decode``) and a PyTorch naive
-  greedy loop on the same model size.
+  uncached recompute (``decode.naive_greedy_decode``), the flax example's
+  beam-4 search (``flax_wmt_beam``: its ``lax.while_loop`` that gathers the
+  whole cache every step and whose cross-attention projects the tiled
+  encoder output every step; ``beam4_vs_flax_wmt`` = ours / its tokens/s)
+  and a PyTorch naive greedy loop on the same model size.
 
 Timings are wall-clock medians after warm-up. Model FLOPs are counted
 analytically (matmuls and attention, backward = 2 x forward, remat's
@@ -29,7 +37,8 @@ recomputation not counted). MFU = model FLOP/s / measured matmul FLOP/s.
 
 The parts: ``cli`` (the command line, run by ``__main__``), ``common`` (sizes,
 machine description, timing and FLOP counting), ``train``, ``torch_reference``,
-``decode``, ``gpu_check`` and ``report`` (tables and JSON). Three benchmarks
+``decode``, ``flax_wmt`` and ``flax_wmt_beam`` (the yardstick),
+``gpu_check`` and ``report`` (tables and JSON). Three benchmarks
 have commands of their own: ``python -m experiments.benchmark.data_pipeline``
 (the input pipeline, docs/data.md), ``python -m experiments.benchmark.serving``
 (the HTTP service, docs/serving.md) and ``python -m experiments.benchmark.marian``

@@ -45,6 +45,9 @@ def parse_args(argv):
   p.add_argument('--peak_n', type=int, default=2048,
                  help='matrix size of the matmul peak')
   p.add_argument('--no_torch', action='store_true')
+  p.add_argument('--no_flax_wmt', action='store_true',
+                 help="skip the yardstick: flax examples/wmt's train step "
+                 'and beam search')
   p.add_argument('--gpu_check', action='store_true',
                  help='the one-shot accelerator check (falls back on CPU)')
   p.add_argument('--quick', action='store_true',
@@ -98,11 +101,13 @@ def main(argv=None) -> dict:
                                     **(VARIANTS if s in args.variants else {}),
                                     **(MODEL_VARIANTS if s in
                                        args.model_variants else {})},
-                                use_torch=use_torch, peak_n=args.peak_n)
+                                use_torch=use_torch, peak_n=args.peak_n,
+                                flax_wmt=not args.no_flax_wmt)
                     for s in args.sizes]
     res['decode'] = [bench_decode(s, reps=args.decode_reps,
                                   use_torch=use_torch, length=args.decode_len,
-                                  batch_size=args.decode_batch)
+                                  batch_size=args.decode_batch,
+                                  flax_wmt=not args.no_flax_wmt)
                      for s in args.decode_sizes]
   res['max_rss_bytes'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   print(format_tables(res))

@@ -1,9 +1,12 @@
-"""Decoding throughput: generated tokens/s of our decoders and PyTorch's loop.
+"""Decoding throughput: generated tokens/s of our decoders, the flax example's
+beam search and PyTorch's loop.
 
 Cached greedy and beam-4 search, the uncached recompute
-(``decode.naive_greedy_decode``) and, where torch runs, a PyTorch naive greedy
-loop, on one model size with the EOS embedding zeroed so that every run emits
-the full output length.
+(``decode.naive_greedy_decode``), the yardstick ``flax_wmt_beam4`` (google/flax
+``examples/wmt``'s model and beam search on the same size, see
+:mod:`experiments.benchmark.flax_wmt_beam`) and, where torch runs, a PyTorch
+naive greedy loop, on one model size with the EOS embedding zeroed so that
+every run emits the full output length.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import numpy as np
 
 from experiments.benchmark.common import (DROPOUT, SIZES, interleave, log,
                                           random_batch)
+from experiments.benchmark import flax_wmt_beam
+from experiments.benchmark.flax_wmt import WmtConfig
 from experiments.benchmark.torch_reference import TorchNaiveGreedy
 from xfmr_jax import config as config_lib
 from xfmr_jax import decode, optim, train_state
@@ -36,7 +41,7 @@ def _decode_params(model, length: int):
 
 def bench_decode(size: str, *, reps: int, use_torch: bool, length: int = 64,
                  dtype: str = 'float32', batch_size: int | None = None,
-                 naive: bool = True) -> dict:
+                 naive: bool = True, flax_wmt: bool = True) -> dict:
   spec = SIZES[size]
   batch_size = batch_size or spec['decode_batch']
   cfg = config_lib.ModelConfig(**spec['model'], dropout_rate=DROPOUT,
@@ -51,6 +56,11 @@ def bench_decode(size: str, *, reps: int, use_torch: bool, length: int = 64,
       'beam4_cached': lambda: decode.beam_search(
           model, params, inputs, beam_size=4, max_decode_len=length)[0],
   }
+  if flax_wmt:
+    wcfg = WmtConfig.from_model_config(cfg)
+    wparams = flax_wmt_beam.decode_params(wcfg, spec['length'])
+    fns['flax_wmt_beam4'] = lambda: flax_wmt_beam.beam_decode(
+        wcfg, wparams, inputs, beam_size=4, max_decode_len=length)[0]
   if naive:
     fns['greedy_naive'] = lambda: decode.naive_greedy_decode(
         model, params, inputs, max_decode_len=length)
@@ -81,6 +91,9 @@ def bench_decode(size: str, *, reps: int, use_torch: bool, length: int = 64,
   if 'greedy_naive' in runs:
     out['cached_vs_naive'] = (runs['greedy_cached']['tokens_per_s'] /
                               runs['greedy_naive']['tokens_per_s'])
+  if 'flax_wmt_beam4' in runs:
+    out['beam4_vs_flax_wmt'] = (runs['beam4_cached']['tokens_per_s'] /
+                                runs['flax_wmt_beam4']['tokens_per_s'])
   if 'torch_greedy_naive' in runs:
     out['cached_vs_torch_naive'] = (runs['greedy_cached']['tokens_per_s'] /
                                     runs['torch_greedy_naive']['tokens_per_s'])

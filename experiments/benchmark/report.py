@@ -1,8 +1,10 @@
 """The results as text tables (printed) and as JSON (``--json PATH``).
 
 The tables show, per size, each train run's step time, tokens/s, ratio to
-PyTorch, MFU, compile time, model GFLOP, matmul peak and memory; each decode
-run's tokens/s and its speed-up over the uncached loops; and, in the GPU
+PyTorch, MFU, compile time, model GFLOP, matmul peak and memory, and our
+step's ratio to the flax example's (``flax_wmt``); each decode run's tokens/s,
+its speed-up over the uncached loops and, for beam 4, over the flax example's
+beam search (``flax_wmt_beam4``); and, in the GPU
 check, each attention implementation's forward + backward time and TFLOP/s.
 """
 from __future__ import annotations
@@ -42,12 +44,16 @@ def format_tables(res: dict) -> str:
         lines.append(f"{r['size']:6} main vs torch_default (nn.Transformer's "
                      f"own dropout sites): "
                      f"{r['ratio_vs_torch_default']['main']:.2f}x")
+      if 'ratio_vs_flax_wmt' in r:
+        lines.append(f"{r['size']:6} main vs flax_wmt (flax examples/wmt "
+                     f"step, same rounds): "
+                     f"{r['ratio_vs_flax_wmt']['main']:.2f}x")
     lines.append('')
   if res.get('decode'):
     lines.append('decoding (generated tokens/s; output length '
                  f"{res['decode'][0]['output_length']})")
     hdr = (f"{'size':6} {'batch':>5} {'run':20} {'tok/s':>9} {'s':>8} "
-           f"{'cached/naive':>12} {'cached/torch':>12}")
+           f"{'cached/naive':>12} {'cached/torch':>12} {'vs flax_wmt':>11}")
     lines += [hdr, '-' * len(hdr)]
     for r in res['decode']:
       for name, row in r['runs'].items():
@@ -55,9 +61,11 @@ def format_tables(res: dict) -> str:
              'cached_vs_naive' in r else '')
         b = (f"{r['cached_vs_torch_naive']:.1f}x" if name == 'greedy_cached'
              and 'cached_vs_torch_naive' in r else '')
+        c = (f"{r['beam4_vs_flax_wmt']:.2f}x" if name == 'beam4_cached' and
+             'beam4_vs_flax_wmt' in r else '')
         lines.append(f"{r['size']:6} {r['batch']:5} {name:20} "
                      f"{row['tokens_per_s']:9.1f} {row['seconds']:8.2f} "
-                     f"{a:>12} {b:>12}")
+                     f"{a:>12} {b:>12} {c:>11}")
     lines.append('')
   if res.get('attention'):
     a = res['attention']

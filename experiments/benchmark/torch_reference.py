@@ -20,7 +20,8 @@ from xfmr_jax.token_ids import EOS
 
 def torch_available() -> bool:
   try:
-    import torch  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    import torch  # pylint: disable=g-import-not-at-top
+    del torch     # only whether it imports
     return True
   except ImportError:
     return False

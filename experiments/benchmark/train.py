@@ -3,7 +3,9 @@
 For one size: median step time, tokens/s, compile time and first step, memory
 (XLA's compiled estimate, the device peak, resident-set growth), model FLOPs
 per step and MFU per round against the ``jnp.dot`` peak of the same round,
-and the ratio to the PyTorch step where torch runs.
+the ratio to the PyTorch step where torch runs, and the ratio to the
+yardstick ``flax_wmt``: google/flax ``examples/wmt``'s step on the same sizes
+(:mod:`experiments.benchmark.flax_wmt`), timed in the same rounds.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from experiments.benchmark.common import (DROPOUT, LABEL_SMOOTHING, SIZES,
                                           MatmulPeak, PeakRSS,
                                           device_peak_bytes, interleave, log,
                                           random_batch, train_flops)
+from experiments.benchmark.flax_wmt import FlaxWmtTrain
 from experiments.benchmark.torch_reference import TorchTrain
 from xfmr_jax import config as config_lib
 from xfmr_jax import optim, train_state, train_steps
@@ -83,11 +86,11 @@ class JaxTrain:
 def bench_train(size: str, *, rounds: int, variants, use_torch: bool,
                 peak_n: int, dtype: str = 'float32',
                 batch_size: int | None = None,
-                length: int | None = None) -> dict:
+                length: int | None = None, flax_wmt: bool = True) -> dict:
   """One size's train step, timed side by side with its variants (True:
   VARIANTS; or a dict name -> ModelConfig changes or a function of the config
-  returning them), torch and the matmul peak. A variant that cannot be built
-  here is reported, not fatal."""
+  returning them), the flax example's step (``flax_wmt``), torch and the
+  matmul peak. A variant that cannot be built here is reported, not fatal."""
   spec = SIZES[size]
   batch_size = batch_size or spec['batch']
   length = length or spec['length']
@@ -111,6 +114,9 @@ def bench_train(size: str, *, rounds: int, variants, use_torch: bool,
         raise
       unavailable[name] = f'{type(e).__name__}: {str(e)[:200]}'
       log(f'[{size}] {name} unavailable: {unavailable[name]}')
+  if flax_wmt:
+    log(f'[{size}] compiling flax_wmt (flax examples/wmt) ...')
+    runners['flax_wmt'] = FlaxWmtTrain(cfg, batch)
   if use_torch:
     log(f'[{size}] building torch ...')
     runners['torch'] = TorchTrain(cfg, batch, sites='paper')
@@ -133,14 +139,15 @@ def bench_train(size: str, *, rounds: int, variants, use_torch: bool,
                first_step_s=run.first_step_s)
     # MFU per round against the peak measured in the same round.
     row['mfu'] = float(np.median(flops / ts / peak_flops))
-    if isinstance(run, JaxTrain):
+    if isinstance(run, (JaxTrain, FlaxWmtTrain)):
       row.update(compile_s=run.compile_s, memory=run.memory())
-      row['model_changes'] = {k: v for k, v in dataclasses.asdict(
-          configs[name]).items() if getattr(cfg, k) != v}
     else:
       row.update(memory=dict(rss_delta_bytes=run.rss_delta))
+    if isinstance(run, JaxTrain):
+      row['model_changes'] = {k: v for k, v in dataclasses.asdict(
+          configs[name]).items() if getattr(cfg, k) != v}
     out['runs'][name] = row
-  for ref in ('torch', 'torch_default'):
+  for ref in ('torch', 'torch_default', 'flax_wmt'):
     if ref in out['runs']:
       # Per round, then the median: both sides of a ratio ran back to back.
       out[f'ratio_vs_{ref}'] = {
