@@ -91,3 +91,33 @@ def test_jit_vmap_and_grad(rng):
   g = jax.grad(lambda q: jnp.sum(attention.dot_product_attention(
       q, k, v, mask) ** 2))(q)
   assert np.all(np.isfinite(g)) and np.any(g != 0)
+
+
+@pytest.mark.parametrize('lq', [1, 3])
+def test_few_query_form_matches_reference_and_the_einsum_form(rng, lq,
+                                                             monkeypatch):
+  """Decoding's one query (or a sentence's few beams) takes the elementwise
+  form: same outputs and weights as the float64 reference and as the matmul
+  form, with grouped KV heads, a per-head bias, a key mask with a fully
+  masked row, and weight dropout."""
+  b, lk, h, kvh, d = 3, 7, 4, 2, 8
+  q = rng.standard_normal((b, lq, h, d)).astype(np.float32)
+  k, v = rng.standard_normal((2, b, lk, kvh, d)).astype(np.float32)
+  bias = rng.standard_normal((1, h, lq, lk)).astype(np.float32)
+  mask = rng.random((b, 1, lq, lk)) < 0.7
+  mask[0, 0, 0] = False  # a query that sees nothing
+  mask[1, 0, :, 0] = True
+  ref = reference.masked_attention(q, k, v, mask.copy())
+  # The reference has no bias: compare it without, then the forms with.
+  out = attention.dot_product_attention(q, k, v, mask)
+  assert reference.rel_err(out, ref) < 1e-5
+  np.testing.assert_array_equal(np.asarray(out)[0, 0], 0.0)
+  rng_key = jax.random.key(3)
+  run = lambda: attention.dot_product_attention(
+      q, k, v, mask, bias, dropout_rate=0.3, dropout_rng=rng_key,
+      return_weights=True)
+  few_out, few_w = run()
+  monkeypatch.setattr(attention, 'FEW_QUERIES', 0)
+  mm_out, mm_w = run()
+  np.testing.assert_allclose(few_w, mm_w, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(few_out, mm_out, rtol=1e-5, atol=1e-5)

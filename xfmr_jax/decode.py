@@ -294,16 +294,28 @@ def _beams_done(beams, length, alpha):
           (worst_finished > best_alive / length_penalty(length, alpha)))
 
 
-def _reorder_beams(cache, rows, axis):
-  """Each beam's self-attention cache taken from its parent beam (``rows``
-  index the ``batch * k`` cache rows). The cross-attention keys/values stay:
-  all beams of a sentence hold the same copy and a parent is always of the
-  same sentence, so gathering them would only move memory."""
-  def take(path, x):
+def _beam_rows(cache, fn):
+  """``fn`` applied to every cache leaf but the cross-attention keys/values,
+  which stay one row per sentence: the beams of a sentence read their
+  sentence's row together (see ``layers.MultiHeadAttention``), and a parent
+  beam is always of the same sentence."""
+  def apply(path, x):
     if any(getattr(p, 'key', None) == 'cross_attention' for p in path):
       return x
-    return jnp.take(x, rows, axis=axis)
-  return jax.tree_util.tree_map_with_path(take, cache)
+    return fn(x)
+  return jax.tree_util.tree_map_with_path(apply, cache)
+
+
+def _expand_beams(cache, k, axis):
+  """The sentences' cache rows ``[batch, ...]`` as ``[batch * k, ...]`` beam
+  rows (sentence-major), cross-attention left per sentence."""
+  return _beam_rows(cache, lambda x: jnp.repeat(x, k, axis=axis))
+
+
+def _reorder_beams(cache, rows, axis):
+  """Each beam's self-attention cache taken from its parent beam (``rows``
+  index the ``batch * k`` cache rows)."""
+  return _beam_rows(cache, lambda x: jnp.take(x, rows, axis=axis))
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -327,11 +339,10 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
   inputs = _split_rows(inputs)
   length = decode_length(model.config, inputs.shape[1], max_decode_len)
   batch, k = inputs.shape[0], beam_size
-  # The encoder and the cross-attention K/V run once per sentence; the cache
-  # is then copied to the k beams.
-  cache = _init_cache(model, variables, inputs, length)
+  # The encoder and the cross-attention K/V run once per sentence, and stay
+  # so; the self-attention cache gets one row per beam.
   axis = _batch_axis(model)
-  cache = jax.tree.map(lambda x: jnp.repeat(x, k, axis=axis), cache)
+  cache = _expand_beams(_init_cache(model, variables, inputs, length), k, axis)
   beam_inputs = jnp.repeat(inputs, k, axis=0)
   # Beam 0 is the real start; the others are placeholders that never win.
   beams = dict(

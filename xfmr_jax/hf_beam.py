@@ -99,9 +99,9 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
   variables = decode._variables(params)  # pylint: disable=protected-access
   length = decode.decode_length(model.config, inputs.shape[1], max_decode_len)
   batch, k = inputs.shape[0], beam_size
-  cache = decode._init_cache(model, variables, inputs, length)  # pylint: disable=protected-access
   axis = decode._batch_axis(model)  # pylint: disable=protected-access
-  cache = jax.tree.map(lambda x: jnp.repeat(x, k, axis=axis), cache)
+  cache = decode._expand_beams(  # pylint: disable=protected-access
+      decode._init_cache(model, variables, inputs, length), k, axis)  # pylint: disable=protected-access
   beam_inputs = jnp.repeat(inputs, k, axis=0)
   zeros = jnp.zeros((batch, k, length), jnp.int32)
   beams = dict(

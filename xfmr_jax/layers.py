@@ -157,6 +157,29 @@ class FeedForward(nn.Module):
                         activation=activations.FUNCTIONS[cfg.activation])
 
 
+def _group_rows(q, mask, cached_rows: int):
+  """The queries of ``g = rows / cached_rows`` consecutive rows (a beam
+  search's beams of one sentence) as the queries of one row, so that they
+  read that row's cached cross-attention keys and values together, once,
+  instead of once per beam.
+
+  q: ``[rows, n, heads, head_dim] -> [cached_rows, g * n, heads, head_dim]``;
+  mask (or None): ``[rows or 1, 1, n or 1, s] -> [cached_rows or 1, 1, g * n
+  or 1, s]``.
+  """
+  rows, n = q.shape[:2]
+  if rows % cached_rows:
+    raise ValueError(f'{rows} query rows cannot share a cross-attention cache '
+                     f'of {cached_rows} rows')
+  g = rows // cached_rows
+  q = q.reshape(cached_rows, g * n, *q.shape[2:])
+  if mask is not None and mask.shape[0] != 1:
+    mask = jnp.broadcast_to(mask, (rows, 1, n, mask.shape[-1]))
+    mask = mask.reshape(cached_rows, g, n, -1).reshape(cached_rows, 1, g * n,
+                                                       -1)
+  return q, mask
+
+
 class MultiHeadAttention(nn.Module):
   """``MultiHead(Q, K, V) = Concat(head_1..head_h) W^O`` (section 3.2.2).
 
@@ -205,6 +228,7 @@ class MultiHeadAttention(nn.Module):
     q = attention.split_heads(proj('query', cfg.num_heads)(inputs_q),
                               cfg.num_heads)
     key_positions = positions
+    rows = q.shape[0]
     if cache == 'cross' and inputs_kv is None:
       # Later decoding steps: the encoder's keys/values were cached once.
       k = self.get_variable('cache', 'cached_key')
@@ -212,6 +236,8 @@ class MultiHeadAttention(nn.Module):
       if k is None:
         raise ValueError('cross-attention cache is empty: pass the encoder '
                          'output on the first decoding step')
+      if k.shape[0] != rows:
+        q, mask = _group_rows(q, mask, k.shape[0])
     else:
       k = attention.split_heads(proj('key', cfg.kv_heads)(inputs_kv),
                                 cfg.kv_heads)
@@ -250,6 +276,7 @@ class MultiHeadAttention(nn.Module):
     else:
       out = attention.dot_product_attention(q, k, v, mask, bias,
                                             implementation=impl)
+    out = out.reshape(rows, -1, *out.shape[2:])  # undoes _group_rows
     return dense(cfg.d_model, ('joined_kv', 'embed'), 'out', dtype,
                  cfg.use_bias)(attention.merge_heads(out))
 
