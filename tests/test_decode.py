@@ -247,6 +247,27 @@ def test_beam_scores_and_batching():
   np.testing.assert_array_equal(mixed[2], tokens[2])
 
 
+@pytest.mark.parametrize('variant,changes', [
+    ('pre_scan', {}), ('post', dict(positional='alibi')),
+    ('post', dict(positional='rope', num_kv_heads=1))])
+def test_beam_hypotheses_read_their_own_history(variant, changes):
+  """Beam search never moves the self-attention cache: each beam row
+  appends its keys/values and a table says which row holds each slot of a
+  beam's history. Every returned score is the teacher-forced log p of its
+  tokens, so each beam attended over its own prefix, with the layers
+  scanned, under ALiBi (cached key positions), RoPE and one shared KV head."""
+  m, params = build(variant, **dict(changes))
+  src = sources()
+  tokens, scores = decode.beam_search(m, params, src, beam_size=3,
+                                      max_decode_len=12)
+  check_layout(tokens)
+  log_probs = teacher_forced_log_probs(m, params, src, np.asarray(tokens))
+  for row in range(len(src)):
+    np.testing.assert_allclose(
+        scores[row], sequence_score(log_probs[row], np.asarray(tokens[row]),
+                                    0.6), atol=1e-4)
+
+
 def test_greedy_batch_equals_single_sentences():
   m, params = build('post')
   src = sources()

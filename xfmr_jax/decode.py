@@ -24,6 +24,7 @@ traces (= compilations) of each function, cheaply, for callers that bucket.
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 import functools
 
 import flax.linen as nn
@@ -294,28 +295,53 @@ def _beams_done(beams, length, alpha):
           (worst_finished > best_alive / length_penalty(length, alpha)))
 
 
-def _beam_rows(cache, fn):
-  """``fn`` applied to every cache leaf but the cross-attention keys/values,
-  which stay one row per sentence: the beams of a sentence read their
-  sentence's row together (see ``layers.MultiHeadAttention``), and a parent
-  beam is always of the same sentence."""
-  def apply(path, x):
-    if any(getattr(p, 'key', None) == 'cross_attention' for p in path):
-      return x
-    return fn(x)
-  return jax.tree_util.tree_map_with_path(apply, cache)
+def _beam_leaves(cache, fn, table=None):
+  """``fn`` applied to every leaf of the cache a beam reorder moves.
+
+  Left alone: the cross-attention keys/values, which stay one row per
+  sentence (a sentence's beams read its row together, see
+  ``layers.MultiHeadAttention``; a parent beam is always of the same
+  sentence), and, in a self-attention cache with a ``cached_beam`` table,
+  everything but the table: such a cache is append-only and the table says
+  which row holds each slot of a beam's history. ``table(leaf)``, if given,
+  is applied to self-attention caches that have ``cached_key`` and no table.
+  """
+  def walk(name, tree):
+    if not isinstance(tree, Mapping):
+      return fn(tree)
+    if name == 'cross_attention':
+      return tree
+    if 'cached_beam' in tree:
+      return {**tree, 'cached_beam': fn(tree['cached_beam'])}
+    out = {key: walk(key, value) for key, value in tree.items()}
+    if table is not None and name == 'self_attention' and 'cached_key' in tree:
+      out['cached_beam'] = table(out['cached_key'])
+    return out
+  return walk(None, cache)
 
 
-def _expand_beams(cache, k, axis):
+def _expand_beams(model, cache, k):
   """The sentences' cache rows ``[batch, ...]`` as ``[batch * k, ...]`` beam
-  rows (sentence-major), cross-attention left per sentence."""
-  return _beam_rows(cache, lambda x: jnp.repeat(x, k, axis=axis))
+  rows (sentence-major), cross-attention left per sentence. With full
+  self-attention each self-attention cache also gets ``cached_beam [batch *
+  k, k, slots]`` (bool, ``[layers, ...]`` when scanned): every beam's
+  history starts in its own row."""
+  axis = _batch_axis(model)
+
+  def table(key):  # key: [(layers,) batch * k, slots, heads, head_dim]
+    rows, slots = key.shape[axis], key.shape[axis + 1]
+    own = (jnp.arange(rows) % k)[:, None, None] == jnp.arange(k)[:, None]
+    return jnp.broadcast_to(own, key.shape[:axis] + (rows, k, slots))
+  return _beam_leaves(cache, lambda x: jnp.repeat(x, k, axis=axis),
+                      table if model.config.attention_kind == 'full' else None)
 
 
-def _reorder_beams(cache, rows, axis):
-  """Each beam's self-attention cache taken from its parent beam (``rows``
-  index the ``batch * k`` cache rows)."""
-  return _beam_rows(cache, lambda x: jnp.take(x, rows, axis=axis))
+def _reorder_beams(model, cache, rows):
+  """Each beam's cache taken from its parent beam (``rows`` index the
+  ``batch * k`` cache rows): its ``cached_beam`` tables, or, for local and
+  linear attention, its whole self-attention state."""
+  axis = _batch_axis(model)
+  return _beam_leaves(cache, lambda x: jnp.take(x, rows, axis=axis))
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -341,8 +367,8 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
   batch, k = inputs.shape[0], beam_size
   # The encoder and the cross-attention K/V run once per sentence, and stay
   # so; the self-attention cache gets one row per beam.
-  axis = _batch_axis(model)
-  cache = _expand_beams(_init_cache(model, variables, inputs, length), k, axis)
+  cache = _expand_beams(model, _init_cache(model, variables, inputs, length),
+                        k)
   beam_inputs = jnp.repeat(inputs, k, axis=0)
   # Beam 0 is the real start; the others are placeholders that never win.
   beams = dict(
@@ -364,7 +390,7 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
     beams, parent = _beam_update(beams, log_probs.reshape(batch, k, -1), t,
                                  alpha)
     rows = (jnp.arange(batch)[:, None] * k + parent).reshape(-1)
-    return t + 1, beams, _reorder_beams(cache, rows, axis)
+    return t + 1, beams, _reorder_beams(model, cache, rows)
 
   _, beams, _ = jax.lax.while_loop(cond, body, (0, beams, cache))
   best = jnp.argmax(beams['alive_logp'], axis=1)

@@ -99,9 +99,8 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
   variables = decode._variables(params)  # pylint: disable=protected-access
   length = decode.decode_length(model.config, inputs.shape[1], max_decode_len)
   batch, k = inputs.shape[0], beam_size
-  axis = decode._batch_axis(model)  # pylint: disable=protected-access
   cache = decode._expand_beams(  # pylint: disable=protected-access
-      decode._init_cache(model, variables, inputs, length), k, axis)  # pylint: disable=protected-access
+      model, decode._init_cache(model, variables, inputs, length), k)  # pylint: disable=protected-access
   beam_inputs = jnp.repeat(inputs, k, axis=0)
   zeros = jnp.zeros((batch, k, length), jnp.int32)
   beams = dict(
@@ -147,7 +146,7 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
                       _OFF)
     still_open = beams['open'] & jnp.any(best_alive > worst, axis=1)
     rows = (jnp.arange(batch)[:, None] * k + parent).reshape(-1)
-    cache = decode._reorder_beams(cache, rows, axis)
+    cache = decode._reorder_beams(model, cache, rows)  # pylint: disable=protected-access
     return t + 1, dict(alive_seqs=alive_seqs, alive_logp=alive_logp,
                        fin_seqs=fin_seqs, fin_scores=fin_scores,
                        fin_done=fin_done, open=still_open,

@@ -258,6 +258,9 @@ class MultiHeadAttention(nn.Module):
         k, v, key_positions, cache_mask = self._update_self_cache(
             k, v, positions if relative else None, cache_len, step)
         mask = cache_mask if mask is None else mask & cache_mask
+        if self.has_variable('cache', 'cached_beam'):
+          q, k, v, mask, positions, key_positions = self._beam_group(
+              q, k, v, mask, positions, key_positions, step)
     bias = None
     if relative and cfg.positional == 'alibi':
       bias = positional.alibi_bias(positions, key_positions, cfg.num_heads)
@@ -309,6 +312,39 @@ class MultiHeadAttention(nn.Module):
       key_positions = cached_position.value
     mask = masks.cache_mask(step, length, cached_key.value.shape[1])
     return cached_key.value, cached_value.value, key_positions, mask
+
+  def _beam_group(self, q, k, v, mask, positions, key_positions, step):
+    """A beam search's self-attention without moving its cache.
+
+    Under beam search (``decode.beam_search`` adds ``cached_beam``) each of
+    the ``g`` beam rows of a sentence writes its keys and values to its own
+    row and never rewrites them, and ``cached_beam [rows, g, slots]`` says
+    which of the sentence's ``g`` rows holds slot ``j`` of beam ``r``'s
+    history; reordering the beams reorders only that table. Here the ``g *
+    n`` queries of a sentence attend together over all ``g * slots`` keys of
+    its rows, each seeing slot ``j`` in the one row the table names, which
+    is the attention over its own history.
+
+    q ``[rows, n, heads, d]``, k/v ``[rows, slots, kv_heads, d]``, mask
+    ``[rows or 1, 1, n or 1, slots]``, positions ``[rows, n]``, key_positions
+    ``[rows, slots]`` (or None) become their ``[rows / g, ...]`` grouped forms.
+    """
+    table = self.get_variable('cache', 'cached_beam')
+    rows, g, slots = table.shape
+    n = q.shape[1]
+    own = (jnp.arange(rows) % g)[:, None] == jnp.arange(g)[None, :]
+    table = jax.lax.dynamic_update_slice(
+        table, jnp.broadcast_to(own[:, :, None], (rows, g, n)), (0, 0, step))
+    self.put_variable('cache', 'cached_beam', table)
+    batch = rows // g
+    mask = jnp.broadcast_to(mask, (rows, 1, n, slots)).reshape(batch, g, n, 1,
+                                                               slots)
+    mask = mask & table.reshape(batch, g, 1, g, slots)
+    group = lambda x: x.reshape(batch, g * x.shape[1], *x.shape[2:])
+    return (group(q), group(k), group(v),
+            mask.reshape(batch, 1, g * n, g * slots),
+            None if positions is None else group(positions),
+            None if key_positions is None else group(key_positions))
 
   def _long_attention(self, q, k, v, mask, positions, deterministic, cache,
                       step):
