@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xfmr_jax import blocks, config, decode, model, token_ids
+from xfmr_jax import beam_cache, blocks, config, decode, model, token_ids
 
 EOS = token_ids.EOS
 TINY = dict(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=2,
@@ -266,6 +266,28 @@ def test_beam_hypotheses_read_their_own_history(variant, changes):
     np.testing.assert_allclose(
         scores[row], sequence_score(log_probs[row], np.asarray(tokens[row]),
                                     0.6), atol=1e-4)
+
+
+def test_beams_share_their_sentence_cross_attention_row():
+  """``beam_cache.expand`` keeps the cross-attention K/V once per sentence;
+  a step of 3 beam rows per sentence gives the logits of the same step over
+  a cache copied to every row."""
+  m, params = build('pre_scan')
+  src, g, length = sources(), 3, 6
+  variables = {'params': params}
+  _, state = m.apply(variables, src, length, method=m.init_cache,
+                     mutable=['cache'])
+  shared = beam_cache.expand(m, state['cache'], g)
+  copied = jax.tree.map(lambda x: jnp.repeat(x, g, axis=1), state['cache'])
+  cross = lambda c: c['decoder']['cross_attention']['cached_key']
+  assert cross(shared).shape[1] == len(src)
+  assert cross(copied).shape[1] == len(src) * g
+  rows = np.repeat(src, g, axis=0)
+  tokens = np.arange(rows.shape[0], dtype=np.int32)[:, None] % 5 + 2
+  step = lambda c: m.apply({**variables, 'cache': c}, rows, tokens, 0,
+                           cache_len=length, method=m.decode_step,
+                           mutable=['cache'])[0]
+  np.testing.assert_allclose(step(shared), step(copied), rtol=1e-5, atol=1e-5)
 
 
 def test_greedy_batch_equals_single_sentences():

@@ -24,13 +24,13 @@ traces (= compilations) of each function, cheaply, for callers that bucket.
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping
 import functools
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from xfmr_jax import beam_cache
 from xfmr_jax.blocks import shift_right
 from xfmr_jax.token_ids import EOS, PAD
 
@@ -74,11 +74,6 @@ def decode_length(config, input_length: int, max_decode_len=None, *,
 def _no_pad(logits):
   """Forbid the pad id (see the module docstring). logits: ``[..., vocab]``."""
   return logits.at[..., PAD].set(-jnp.inf)
-
-
-def _batch_axis(model) -> int:
-  """Cache leaves are ``[batch, ...]``, or ``[layers, batch, ...]`` if scanned."""
-  return 1 if model.config.scan_layers else 0
 
 
 def _init_cache(model, variables, inputs, cache_len):
@@ -295,55 +290,6 @@ def _beams_done(beams, length, alpha):
           (worst_finished > best_alive / length_penalty(length, alpha)))
 
 
-def _beam_leaves(cache, fn, table=None):
-  """``fn`` applied to every leaf of the cache a beam reorder moves.
-
-  Left alone: the cross-attention keys/values, which stay one row per
-  sentence (a sentence's beams read its row together, see
-  ``layers.MultiHeadAttention``; a parent beam is always of the same
-  sentence), and, in a self-attention cache with a ``cached_beam`` table,
-  everything but the table: such a cache is append-only and the table says
-  which row holds each slot of a beam's history. ``table(leaf)``, if given,
-  is applied to self-attention caches that have ``cached_key`` and no table.
-  """
-  def walk(name, tree):
-    if not isinstance(tree, Mapping):
-      return fn(tree)
-    if name == 'cross_attention':
-      return tree
-    if 'cached_beam' in tree:
-      return {**tree, 'cached_beam': fn(tree['cached_beam'])}
-    out = {key: walk(key, value) for key, value in tree.items()}
-    if table is not None and name == 'self_attention' and 'cached_key' in tree:
-      out['cached_beam'] = table(out['cached_key'])
-    return out
-  return walk(None, cache)
-
-
-def _expand_beams(model, cache, k):
-  """The sentences' cache rows ``[batch, ...]`` as ``[batch * k, ...]`` beam
-  rows (sentence-major), cross-attention left per sentence. With full
-  self-attention each self-attention cache also gets ``cached_beam [batch *
-  k, k, slots]`` (bool, ``[layers, ...]`` when scanned): every beam's
-  history starts in its own row."""
-  axis = _batch_axis(model)
-
-  def table(key):  # key: [(layers,) batch * k, slots, heads, head_dim]
-    rows, slots = key.shape[axis], key.shape[axis + 1]
-    own = (jnp.arange(rows) % k)[:, None, None] == jnp.arange(k)[:, None]
-    return jnp.broadcast_to(own, key.shape[:axis] + (rows, k, slots))
-  return _beam_leaves(cache, lambda x: jnp.repeat(x, k, axis=axis),
-                      table if model.config.attention_kind == 'full' else None)
-
-
-def _reorder_beams(model, cache, rows):
-  """Each beam's cache taken from its parent beam (``rows`` index the
-  ``batch * k`` cache rows): its ``cached_beam`` tables, or, for local and
-  linear attention, its whole self-attention state."""
-  axis = _batch_axis(model)
-  return _beam_leaves(cache, lambda x: jnp.take(x, rows, axis=axis))
-
-
 @functools.partial(jax.jit, static_argnames=(
     'model', 'beam_size', 'alpha', 'max_decode_len'))
 def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
@@ -366,9 +312,9 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
   length = decode_length(model.config, inputs.shape[1], max_decode_len)
   batch, k = inputs.shape[0], beam_size
   # The encoder and the cross-attention K/V run once per sentence, and stay
-  # so; the self-attention cache gets one row per beam.
-  cache = _expand_beams(model, _init_cache(model, variables, inputs, length),
-                        k)
+  # so; the self-attention cache gets one row per beam (see beam_cache).
+  cache = beam_cache.expand(model, _init_cache(model, variables, inputs,
+                                               length), k)
   beam_inputs = jnp.repeat(inputs, k, axis=0)
   # Beam 0 is the real start; the others are placeholders that never win.
   beams = dict(
@@ -390,7 +336,7 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
     beams, parent = _beam_update(beams, log_probs.reshape(batch, k, -1), t,
                                  alpha)
     rows = (jnp.arange(batch)[:, None] * k + parent).reshape(-1)
-    return t + 1, beams, _reorder_beams(model, cache, rows)
+    return t + 1, beams, beam_cache.reorder(model, cache, rows)
 
   _, beams, _ = jax.lax.while_loop(cond, body, (0, beams, cache))
   best = jnp.argmax(beams['alive_logp'], axis=1)

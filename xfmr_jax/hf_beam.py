@@ -30,7 +30,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from xfmr_jax import decode
+from xfmr_jax import beam_cache, decode
 from xfmr_jax.token_ids import EOS, PAD
 
 _OFF = -1.0e9  # generate's "impossible" score offset
@@ -99,7 +99,7 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
   variables = decode._variables(params)  # pylint: disable=protected-access
   length = decode.decode_length(model.config, inputs.shape[1], max_decode_len)
   batch, k = inputs.shape[0], beam_size
-  cache = decode._expand_beams(  # pylint: disable=protected-access
+  cache = beam_cache.expand(
       model, decode._init_cache(model, variables, inputs, length), k)  # pylint: disable=protected-access
   beam_inputs = jnp.repeat(inputs, k, axis=0)
   zeros = jnp.zeros((batch, k, length), jnp.int32)
@@ -146,7 +146,7 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
                       _OFF)
     still_open = beams['open'] & jnp.any(best_alive > worst, axis=1)
     rows = (jnp.arange(batch)[:, None] * k + parent).reshape(-1)
-    cache = decode._reorder_beams(model, cache, rows)  # pylint: disable=protected-access
+    cache = beam_cache.reorder(model, cache, rows)
     return t + 1, dict(alive_seqs=alive_seqs, alive_logp=alive_logp,
                        fin_seqs=fin_seqs, fin_scores=fin_scores,
                        fin_done=fin_done, open=still_open,

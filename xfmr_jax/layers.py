@@ -13,8 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from xfmr_jax import (activations, attention, linear_attention,
-                      local_attention, masks, positional)
+from xfmr_jax import (activations, attention, beam_cache,
+                      linear_attention, local_attention, masks, positional)
 from xfmr_jax.config import ModelConfig
 from xfmr_jax.dropout import Dropout
 
@@ -157,29 +157,6 @@ class FeedForward(nn.Module):
                         activation=activations.FUNCTIONS[cfg.activation])
 
 
-def _group_rows(q, mask, cached_rows: int):
-  """The queries of ``g = rows / cached_rows`` consecutive rows (a beam
-  search's beams of one sentence) as the queries of one row, so that they
-  read that row's cached cross-attention keys and values together, once,
-  instead of once per beam.
-
-  q: ``[rows, n, heads, head_dim] -> [cached_rows, g * n, heads, head_dim]``;
-  mask (or None): ``[rows or 1, 1, n or 1, s] -> [cached_rows or 1, 1, g * n
-  or 1, s]``.
-  """
-  rows, n = q.shape[:2]
-  if rows % cached_rows:
-    raise ValueError(f'{rows} query rows cannot share a cross-attention cache '
-                     f'of {cached_rows} rows')
-  g = rows // cached_rows
-  q = q.reshape(cached_rows, g * n, *q.shape[2:])
-  if mask is not None and mask.shape[0] != 1:
-    mask = jnp.broadcast_to(mask, (rows, 1, n, mask.shape[-1]))
-    mask = mask.reshape(cached_rows, g, n, -1).reshape(cached_rows, 1, g * n,
-                                                       -1)
-  return q, mask
-
-
 class MultiHeadAttention(nn.Module):
   """``MultiHead(Q, K, V) = Concat(head_1..head_h) W^O`` (section 3.2.2).
 
@@ -201,7 +178,12 @@ class MultiHeadAttention(nn.Module):
   * ``cache='cross'``: the keys and values of ``inputs_kv`` (the encoder output)
     are computed when it is given and stored in ``cached_key``/``cached_value``
     ``[batch, source_length, kv_heads, head_dim]``; with ``inputs_kv=None`` they
-    are read back, so each decoding step projects only its new query.
+    are read back, so each decoding step projects only its new query. Beam
+    search keeps one cached row per sentence for ``g`` query rows (its beams):
+    a sentence's beams read it together (:func:`beam_cache.group_rows`).
+  * beam search adds ``cached_beam`` to a ``'self'`` cache: the beams then
+    append to their own rows and read their histories through that table
+    (:func:`beam_cache.group_beams`) instead of copying each other's caches.
 
   ``kind`` 'local' or 'linear' (self-attention only; ``mask`` is then a
   :class:`~xfmr_jax.masks.SelfMask`) computes the attention in
@@ -237,7 +219,7 @@ class MultiHeadAttention(nn.Module):
         raise ValueError('cross-attention cache is empty: pass the encoder '
                          'output on the first decoding step')
       if k.shape[0] != rows:
-        q, mask = _group_rows(q, mask, k.shape[0])
+        q, mask = beam_cache.group_rows(q, mask, k.shape[0])
     else:
       k = attention.split_heads(proj('key', cfg.kv_heads)(inputs_kv),
                                 cfg.kv_heads)
@@ -279,7 +261,7 @@ class MultiHeadAttention(nn.Module):
     else:
       out = attention.dot_product_attention(q, k, v, mask, bias,
                                             implementation=impl)
-    out = out.reshape(rows, -1, *out.shape[2:])  # undoes _group_rows
+    out = out.reshape(rows, -1, *out.shape[2:])  # undoes the grouping
     return dense(cfg.d_model, ('joined_kv', 'embed'), 'out', dtype,
                  cfg.use_bias)(attention.merge_heads(out))
 
@@ -314,37 +296,12 @@ class MultiHeadAttention(nn.Module):
     return cached_key.value, cached_value.value, key_positions, mask
 
   def _beam_group(self, q, k, v, mask, positions, key_positions, step):
-    """A beam search's self-attention without moving its cache.
-
-    Under beam search (``decode.beam_search`` adds ``cached_beam``) each of
-    the ``g`` beam rows of a sentence writes its keys and values to its own
-    row and never rewrites them, and ``cached_beam [rows, g, slots]`` says
-    which of the sentence's ``g`` rows holds slot ``j`` of beam ``r``'s
-    history; reordering the beams reorders only that table. Here the ``g *
-    n`` queries of a sentence attend together over all ``g * slots`` keys of
-    its rows, each seeing slot ``j`` in the one row the table names, which
-    is the attention over its own history.
-
-    q ``[rows, n, heads, d]``, k/v ``[rows, slots, kv_heads, d]``, mask
-    ``[rows or 1, 1, n or 1, slots]``, positions ``[rows, n]``, key_positions
-    ``[rows, slots]`` (or None) become their ``[rows / g, ...]`` grouped forms.
-    """
-    table = self.get_variable('cache', 'cached_beam')
-    rows, g, slots = table.shape
-    n = q.shape[1]
-    own = (jnp.arange(rows) % g)[:, None] == jnp.arange(g)[None, :]
-    table = jax.lax.dynamic_update_slice(
-        table, jnp.broadcast_to(own[:, :, None], (rows, g, n)), (0, 0, step))
+    """:func:`beam_cache.group_beams` on this layer's ``cached_beam`` table."""
+    table, grouped = beam_cache.group_beams(
+        self.get_variable('cache', 'cached_beam'), q, k, v, mask, positions,
+        key_positions, step)
     self.put_variable('cache', 'cached_beam', table)
-    batch = rows // g
-    mask = jnp.broadcast_to(mask, (rows, 1, n, slots)).reshape(batch, g, n, 1,
-                                                               slots)
-    mask = mask & table.reshape(batch, g, 1, g, slots)
-    group = lambda x: x.reshape(batch, g * x.shape[1], *x.shape[2:])
-    return (group(q), group(k), group(v),
-            mask.reshape(batch, 1, g * n, g * slots),
-            None if positions is None else group(positions),
-            None if key_positions is None else group(key_positions))
+    return grouped
 
   def _long_attention(self, q, k, v, mask, positions, deterministic, cache,
                       step):
