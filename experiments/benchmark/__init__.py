@@ -18,7 +18,12 @@ a machine shared with other jobs slows every contender alike):
   sites) and, as a second row, with ``nn.Transformer``'s own sites
   (``torch_default``: also the attention weights and the FFN's hidden layer,
   extra random masks and multiplies that ours does not do, so that row is not
-  the same computation). Ratios are against ``torch``, the same computation;
+  the same computation). Ratios are against ``torch``, the same computation.
+  The package makes PyTorch's OpenMP threads wait passively (below); the row
+  ``torch_active`` is the same step as ``torch`` in a child process that
+  imported torch under the user's policy (by default none: OpenMP spins a
+  while before sleeping), driven round by round from here (``torch_worker``),
+  and the report prints our step's ratio to it too;
 * the yardstick ``flax_wmt``: google/flax ``examples/wmt``'s Linen model
   (pre-LN, shared embedding, ``nn.MultiHeadDotProductAttention``) and train
   step (one-hot label smoothing, ``optax.adamw``, donated state), re-written
@@ -29,14 +34,25 @@ a machine shared with other jobs slows every contender alike):
   beam-4 search (``flax_wmt_beam``: its ``lax.while_loop`` that gathers the
   whole cache every step and whose cross-attention projects the tiled
   encoder output every step; ``beam4_vs_flax_wmt`` = ours / its tokens/s)
-  and a PyTorch naive greedy loop on the same model size.
+  and a PyTorch naive greedy loop on the same model size; and cached greedy
+  decoding of ONE sentence: ms per token against the time to read the
+  model's parameters once at a memory bandwidth measured in the same rounds
+  (a jitted ``jnp.sum`` over 256 MB).
 
-Timings are wall-clock medians after warm-up. Model FLOPs are counted
+Timings are wall-clock medians after warm-up. Each contender runs for at
+least ``common.MIN_ROUND_S`` per round (a short step several times; its time
+is the window over the count). Each timed window also measures the foreign
+CPU load, the cores other jobs kept busy (``load``: ``/proc/stat`` less this
+process, its children and workers); a round in which it exceeded
+``load.DISTURBED_LOAD`` is run again, all contenders, up to
+``load.MAX_RETRIES`` times, and the report warns when kept rounds were still
+disturbed. Model FLOPs are counted
 analytically (matmuls and attention, backward = 2 x forward, remat's
 recomputation not counted). MFU = model FLOP/s / measured matmul FLOP/s.
 
 The parts: ``cli`` (the command line, run by ``__main__``), ``common`` (sizes,
-machine description, timing and FLOP counting), ``train``, ``torch_reference``,
+machine description, timing and FLOP counting), ``load`` (foreign CPU load),
+``train``, ``torch_reference``, ``torch_worker`` (``torch_active``),
 ``decode``, ``flax_wmt`` and ``flax_wmt_beam`` (the yardstick),
 ``gpu_check`` and ``report`` (tables and JSON). Three benchmarks
 have commands of their own: ``python -m experiments.benchmark.data_pipeline``
@@ -51,5 +67,8 @@ import os
 # a machine shared with other jobs that spinning takes cores from whatever
 # runs next and slows its own steps too. Passive waiting is the fair setting
 # there; export OMP_WAIT_POLICY=ACTIVE to override. Set here, in the package,
-# so that it is in place before any part imports jax or torch.
+# so that it is in place before any part imports jax or torch. The row
+# ``torch_active`` runs PyTorch in a child process under the policy the user
+# had (``USER_OMP_WAIT_POLICY``; None: OpenMP's default), see ``torch_worker``.
+USER_OMP_WAIT_POLICY = os.environ.get('OMP_WAIT_POLICY')
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')

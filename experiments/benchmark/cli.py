@@ -14,7 +14,9 @@ import sys
 import jax
 
 import experiments.benchmark as package
-from experiments.benchmark.common import SIZES, device_peak_bytes, machine
+from experiments.benchmark import load as load_lib
+from experiments.benchmark.common import (MIN_ROUND_S, SIZES, device_peak_bytes,
+                                          machine)
 from experiments.benchmark.decode import bench_decode
 from experiments.benchmark.gpu_check import gpu_check
 from experiments.benchmark.report import format_tables, write_json
@@ -48,15 +50,22 @@ def parse_args(argv):
   p.add_argument('--no_flax_wmt', action='store_true',
                  help="skip the yardstick: flax examples/wmt's train step "
                  'and beam search')
+  p.add_argument('--min_round_s', type=float, default=MIN_ROUND_S,
+                 help='each contender runs at least this long per round')
+  p.add_argument('--retries', type=int, default=load_lib.MAX_RETRIES,
+                 help='times a round disturbed by other jobs is run again')
   p.add_argument('--gpu_check', action='store_true',
                  help='the one-shot accelerator check (falls back on CPU)')
   p.add_argument('--quick', action='store_true',
-                 help='tiny sizes and few rounds (for tests)')
+                 help='tiny sizes, few and short rounds, one retry (for '
+                 'tests)')
   args = p.parse_args(argv)
   if args.quick:
     args.sizes, args.rounds, args.decode_reps = 'tiny', 2, 1
     args.variants = args.variants or 'none'
     args.decode_len, args.peak_n = min(args.decode_len, 8), 256
+    args.min_round_s = min(args.min_round_s, 0.1)
+    args.retries = min(args.retries, 1)
   sizes = [s for s in args.sizes.split(',') if s]
   bad = [s for s in sizes if s not in SIZES]
   if bad:
@@ -82,7 +91,13 @@ def main(argv=None) -> dict:
                             'rss_delta_bytes: sampled process RSS growth '
                             'over build, compile and first two steps'),
              flops_method='analytic model FLOPs (3 x forward matmuls and '
-             'attention); MFU vs float32 jnp.dot peak of the same rounds')
+             'attention); MFU vs float32 jnp.dot peak of the same rounds',
+             timing_method=f'each contender timed for >= {args.min_round_s} '
+             's per round (several calls, seconds per call), alternating; '
+             'foreign_load = (machine busy CPU s from /proc/stat - CPU s of '
+             'this process, its children and workers) / wall s; a round '
+             f'with foreign load > {load_lib.DISTURBED_LOAD} core is run '
+             f'again, up to {args.retries} times')
   res['machine'] = machine()
   if args.gpu_check:
     res.update(gpu_check(quick=args.quick))
@@ -96,18 +111,22 @@ def main(argv=None) -> dict:
       import torch  # pylint: disable=g-import-not-at-top
       res['torch_version'] = torch.__version__
       res['torch_threads'] = os.cpu_count()
+      res['torch_omp_wait_policy'] = dict(
+          torch=os.environ.get('OMP_WAIT_POLICY'),
+          torch_active=package.USER_OMP_WAIT_POLICY)
+    timing = dict(min_round_s=args.min_round_s, retries=args.retries)
     res['train'] = [bench_train(s, rounds=args.rounds,
                                 variants={
                                     **(VARIANTS if s in args.variants else {}),
                                     **(MODEL_VARIANTS if s in
                                        args.model_variants else {})},
                                 use_torch=use_torch, peak_n=args.peak_n,
-                                flax_wmt=not args.no_flax_wmt)
+                                flax_wmt=not args.no_flax_wmt, timing=timing)
                     for s in args.sizes]
     res['decode'] = [bench_decode(s, reps=args.decode_reps,
                                   use_torch=use_torch, length=args.decode_len,
                                   batch_size=args.decode_batch,
-                                  flax_wmt=not args.no_flax_wmt)
+                                  flax_wmt=not args.no_flax_wmt, timing=timing)
                      for s in args.decode_sizes]
   res['max_rss_bytes'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   print(format_tables(res))

@@ -1,9 +1,11 @@
 """What every benchmark shares: the sizes, the machine, timing and FLOP counts.
 
 Timing alternates the contenders round by round (``interleave``), after a
-pause, so load from other jobs falls on all of them alike. Memory is the peak
-growth of the process's resident set (``PeakRSS``) and the device's own peak
-where it reports one. ``MatmulPeak`` measures the ``jnp.dot`` FLOP/s that MFU
+pause, each for at least ``MIN_ROUND_S`` (several calls of a short step), so
+load from other jobs falls on all of them alike; it measures the foreign CPU
+load of every timed window (:mod:`experiments.benchmark.load`) and runs a
+disturbed round again. Memory is the peak growth of the process's resident
+set (``PeakRSS``) and the device's own peak where it reports one. ``MatmulPeak`` measures the ``jnp.dot`` FLOP/s that MFU
 is taken against; ``train_flops`` counts a train step's model FLOPs.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.benchmark import load as load_lib
 from experiments.configs import toy
 from xfmr_jax import config as config_lib
 
@@ -131,6 +134,24 @@ class MatmulPeak:
     jax.block_until_ready(self.fn(self.a, self.b))
 
 
+# The array the memory bandwidth is read from: far larger than any cache.
+BANDWIDTH_BYTES = 256 * 2 ** 20
+
+
+class MemoryBandwidth:
+  """A jitted ``jnp.sum`` over a float32 array of ``nbytes``: each call reads
+  them once, so bytes / seconds is the bandwidth XLA reads memory at."""
+
+  def __init__(self, nbytes: int = BANDWIDTH_BYTES):
+    self.x = jnp.ones((nbytes // 4,), jnp.float32)
+    self.nbytes = self.x.nbytes
+    self.fn = jax.jit(jnp.sum)
+    jax.block_until_ready(self.fn(self.x))
+
+  def __call__(self):
+    jax.block_until_ready(self.fn(self.x))
+
+
 def random_batch(vocab: int, batch: int, length: int, seed: int = 0):
   rng = np.random.default_rng(seed)
   # Ids >= 2: no padding (0) and no EOS (1), so every position is a real token.
@@ -143,19 +164,100 @@ def random_batch(vocab: int, batch: int, length: int, seed: int = 0):
 # them and ran measurably slower, while after a short idle pause it ran at
 # full speed.
 SETTLE_S = 0.1
+# Each contender's timed window in a round lasts at least this long: a runner
+# whose call is shorter is called several times in a row (the count is fixed
+# in the first round) and its time is the window over the count, so that one
+# scheduling hiccup moves a short step by a fraction of a percent, not 10%.
+MIN_ROUND_S = 0.3
 
 
-def interleave(runners: dict, rounds: int, settle_s: float = SETTLE_S) -> dict:
-  """Run each runner once per round, in turn, each after ``settle_s`` idle;
-  per-runner lists of seconds."""
-  times = {name: [] for name in runners}
+class Timings(dict):
+  """``interleave``'s result: name -> seconds per call, one per kept round.
+
+  Also ``load`` (name -> foreign busy cores per kept round, None where not
+  measured), ``calls`` (name -> calls per round), ``retried`` (disturbed
+  attempts run again), ``disturbed_kept`` (kept rounds still disturbed after
+  the retries) and ``threshold``.
+  """
+
+  def load_summary(self, name) -> dict | None:
+    return load_lib.summary(self.load.get(name))
+
+  def rounds_info(self) -> dict:
+    return dict(rounds=len(next(iter(self.values()), [])),
+                measured=all(x is not None for ls in self.load.values()
+                             for x in ls),
+                threshold=self.threshold, retried=self.retried,
+                disturbed_kept=self.disturbed_kept,
+                max_foreign_load=max((x for ls in self.load.values()
+                                      for x in ls if x is not None),
+                                     default=None))
+
+
+def _timed(run, calls: int | None, min_s: float):
+  """Seconds of ``calls`` calls of ``run``; with ``calls=None``, as many as
+  make up ``min_s`` (doubling batches). A runner with ``repeat(n)`` (a worker
+  in another process) does a batch in one request. Returns (calls, seconds)."""
+  batch = getattr(run, 'repeat', None) or (
+      lambda n: [run() for _ in range(n)])
+  t0 = time.perf_counter()
+  if calls is not None:
+    batch(calls)
+    return calls, time.perf_counter() - t0
+  done, n = 0, 1
+  while True:
+    batch(n)
+    done += n
+    elapsed = time.perf_counter() - t0
+    if elapsed >= min_s:
+      return done, elapsed
+    n = done
+
+
+def interleave(runners: dict, rounds: int, settle_s: float = SETTLE_S, *,
+               min_round_s: float = MIN_ROUND_S,
+               threshold: float = load_lib.DISTURBED_LOAD,
+               retries: int = load_lib.MAX_RETRIES,
+               measure=load_lib.window) -> Timings:
+  """Run each runner once per round, in turn, each after ``settle_s`` idle and
+  for at least ``min_round_s`` (several calls); per-runner lists of seconds
+  per call (a :class:`Timings`).
+
+  ``measure(pids)`` starts a window and returns ``stop() -> foreign busy
+  cores or None`` (default :func:`load.window`; ``pids``: the runners'
+  worker processes, whose CPU time is ours). A round in which any
+  contender's window saw more than ``threshold`` is run again, all
+  contenders, up to ``retries`` times; then the least disturbed attempt is
+  kept. Without a measurement (None) nothing is retried."""
+  out = Timings({name: [] for name in runners})
+  out.load = {name: [] for name in runners}
+  out.calls, out.threshold = {}, threshold
+  out.retried = out.disturbed_kept = 0
+  pids = [p for r in runners.values() for p in getattr(r, 'pids', ())]
   for _ in range(rounds):
-    for name, run in runners.items():
-      time.sleep(settle_s)
-      t0 = time.perf_counter()
-      run()
-      times[name].append(time.perf_counter() - t0)
-  return times
+    best = None
+    for attempt in range(retries + 1):
+      secs, loads = {}, {}
+      for name, run in runners.items():
+        time.sleep(settle_s)
+        stop = measure(pids)
+        n, elapsed = _timed(run, out.calls.get(name), min_round_s)
+        loads[name] = stop()
+        out.calls[name], secs[name] = n, elapsed / n
+      worst = (None if any(x is None for x in loads.values())
+               else max(loads.values(), default=0.0))
+      if best is None or (worst is not None and worst < best[0]):
+        best = (worst, secs, loads)
+      if worst is None or worst <= threshold:
+        break
+      if attempt < retries:
+        out.retried += 1
+    worst, secs, loads = best
+    out.disturbed_kept += worst is not None and worst > threshold
+    for name in runners:
+      out[name].append(secs[name])
+      out.load[name].append(loads[name])
+  return out
 
 
 # ------------------------------------------------------------------- machine --

@@ -18,7 +18,7 @@ from experiments.benchmark.train import bench_train
 
 
 def bench_attention(*, batch: int, length: int, heads: int, head_dim: int,
-                    dtype, reps: int) -> dict:
+                    dtype, reps: int, timing: dict | None = None) -> dict:
   """Causal self-attention forward + backward: the library's einsum path vs
   ``jax.nn.dot_product_attention`` ('xla', and 'cudnn' where it works)."""
   from xfmr_jax import attention, masks  # pylint: disable=g-import-not-at-top
@@ -52,7 +52,7 @@ def bench_attention(*, batch: int, length: int, heads: int, head_dim: int,
                                 ref.astype(jnp.float32))))
     runners[name] = lambda step=step: jax.block_until_ready(step(q, k, v))
     out[name] = dict(available=True, max_abs_grad_diff_vs_reference=err)
-  times = interleave(runners, reps)
+  times = interleave(runners, reps, **(timing or {}))
   for name, ts in times.items():
     s = float(np.median(ts))
     out[name].update(fwd_bwd_s=s, tflops=flops / s / 1e12)
@@ -73,6 +73,7 @@ def gpu_check(quick: bool = False) -> dict:
     attn = dict(batch=8, length=2048, heads=16, head_dim=64,
                 dtype=jnp.bfloat16, reps=10)
     dec = dict(size='base', batch_size=64, reps=3)
+    timing = None   # interleave's defaults
   else:
     res['fell_back'] = (f'no GPU ({backend}): tiny sizes, float32' if not on_gpu
                         else 'quick mode: tiny sizes')
@@ -81,6 +82,7 @@ def gpu_check(quick: bool = False) -> dict:
     attn = dict(batch=2, length=32, heads=2, head_dim=16,
                 dtype=jnp.float32, reps=2)
     dec = dict(size='tiny', batch_size=2, reps=1, length=8)
+    timing = dict(min_round_s=0.1, retries=1)   # as the CLI's --quick
   res['train'] = []
   for size in sizes:
     b, length = train_shape[size]
@@ -90,11 +92,12 @@ def gpu_check(quick: bool = False) -> dict:
                                   cudnn_attention=dict(
                                       attention_impl='cudnn')) if on_gpu
                     else dict(xla_attention=dict(attention_impl='xla')),
-                    peak_n=peak_n, dtype=dtype, batch_size=b, length=length)
+                    peak_n=peak_n, dtype=dtype, batch_size=b, length=length,
+                    timing=timing)
     res['train'].append(r)
-  res['attention'] = bench_attention(**attn)
+  res['attention'] = bench_attention(**attn, timing=timing)
   res['decode'] = [bench_decode(dec['size'], reps=dec['reps'],
                                 use_torch=False, dtype=dtype,
                                 batch_size=dec['batch_size'], naive=False,
-                                length=dec.get('length', 64))]
+                                length=dec.get('length', 64), timing=timing)]
   return res

@@ -3,13 +3,17 @@
 For one size: median step time, tokens/s, compile time and first step, memory
 (XLA's compiled estimate, the device peak, resident-set growth), model FLOPs
 per step and MFU per round against the ``jnp.dot`` peak of the same round,
-the ratio to the PyTorch step where torch runs, and the ratio to the
-yardstick ``flax_wmt``: google/flax ``examples/wmt``'s step on the same sizes
-(:mod:`experiments.benchmark.flax_wmt`), timed in the same rounds.
+the ratio to the PyTorch step where torch runs (with the package's passive
+OpenMP waiting, ``torch``, and in a child process with OpenMP's default,
+``torch_active``), the foreign CPU load of each run's rounds, and the ratio
+to the yardstick ``flax_wmt``: google/flax ``examples/wmt``'s step on the
+same sizes (:mod:`experiments.benchmark.flax_wmt`), timed in the same
+rounds.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import jax
@@ -22,6 +26,7 @@ from experiments.benchmark.common import (DROPOUT, LABEL_SMOOTHING, SIZES,
                                           random_batch, train_flops)
 from experiments.benchmark.flax_wmt import FlaxWmtTrain
 from experiments.benchmark.torch_reference import TorchTrain
+from experiments.benchmark.torch_worker import TorchTrainWorker
 from xfmr_jax import config as config_lib
 from xfmr_jax import optim, train_state, train_steps
 from xfmr_jax.model import Transformer
@@ -86,11 +91,14 @@ class JaxTrain:
 def bench_train(size: str, *, rounds: int, variants, use_torch: bool,
                 peak_n: int, dtype: str = 'float32',
                 batch_size: int | None = None,
-                length: int | None = None, flax_wmt: bool = True) -> dict:
+                length: int | None = None, flax_wmt: bool = True,
+                timing: dict | None = None) -> dict:
   """One size's train step, timed side by side with its variants (True:
   VARIANTS; or a dict name -> ModelConfig changes or a function of the config
   returning them), the flax example's step (``flax_wmt``), torch and the
-  matmul peak. A variant that cannot be built here is reported, not fatal."""
+  matmul peak. A variant that cannot be built here is reported, not fatal.
+  ``timing``: keyword arguments of ``interleave`` (``min_round_s``,
+  ``retries``)."""
   spec = SIZES[size]
   batch_size = batch_size or spec['batch']
   length = length or spec['length']
@@ -121,33 +129,48 @@ def bench_train(size: str, *, rounds: int, variants, use_torch: bool,
     log(f'[{size}] building torch ...')
     runners['torch'] = TorchTrain(cfg, batch, sites='paper')
     runners['torch_default'] = TorchTrain(cfg, batch, sites='torch')
+    log(f'[{size}] starting torch_active (OpenMP default wait, own process)')
+    try:
+      runners['torch_active'] = TorchTrainWorker(cfg, batch, sites='paper')
+    except Exception as e:  # pylint: disable=broad-except
+      unavailable['torch_active'] = f'{type(e).__name__}: {str(e)[-200:]}'
+      log(f'[{size}] torch_active unavailable: {unavailable["torch_active"]}')
   runners['matmul'] = peak
   log(f'[{size}] timing {rounds} rounds ...')
-  times = interleave(runners, rounds)
+  try:
+    times = interleave(runners, rounds, **(timing or {}))
+  finally:
+    if 'torch_active' in runners:
+      runners['torch_active'].close()
   peak_flops = peak.flops / np.array(times.pop('matmul'))
   flops = train_flops(cfg, batch_size, length, length)
   tokens = batch_size * length * 2   # source + target tokens per step
   out = dict(size=size, batch=batch_size, length=length, tokens_per_step=tokens,
              model=dataclasses.asdict(cfg), model_flops_per_step=flops,
              matmul_n=peak_n, matmul_peak_flops=float(np.median(peak_flops)),
-             rounds=rounds, runs={}, unavailable=unavailable)
+             rounds=rounds, runs={}, unavailable=unavailable,
+             load=times.rounds_info())
   for name, ts in times.items():
     ts = np.array(ts)
     run = runners[name]
     row = dict(step_s=float(np.median(ts)), step_s_all=ts.tolist(),
                tokens_per_s=float(tokens / np.median(ts)),
-               first_step_s=run.first_step_s)
+               first_step_s=run.first_step_s,
+               foreign_load=times.load_summary(name),
+               calls_per_round=times.calls[name])
     # MFU per round against the peak measured in the same round.
     row['mfu'] = float(np.median(flops / ts / peak_flops))
     if isinstance(run, (JaxTrain, FlaxWmtTrain)):
       row.update(compile_s=run.compile_s, memory=run.memory())
     else:
-      row.update(memory=dict(rss_delta_bytes=run.rss_delta))
+      row.update(memory=dict(rss_delta_bytes=run.rss_delta),
+                 omp_wait_policy=getattr(run, 'omp_wait_policy',
+                                         os.environ.get('OMP_WAIT_POLICY')))
     if isinstance(run, JaxTrain):
       row['model_changes'] = {k: v for k, v in dataclasses.asdict(
           configs[name]).items() if getattr(cfg, k) != v}
     out['runs'][name] = row
-  for ref in ('torch', 'torch_default', 'flax_wmt'):
+  for ref in ('torch', 'torch_default', 'torch_active', 'flax_wmt'):
     if ref in out['runs']:
       # Per round, then the median: both sides of a ratio ran back to back.
       out[f'ratio_vs_{ref}'] = {
