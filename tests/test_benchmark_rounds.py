@@ -177,8 +177,7 @@ def test_torch_active_worker_imports_torch_with_the_users_policy():
   from xfmr_jax import config as config_lib
   cfg = config_lib.ModelConfig(**common.SIZES['tiny']['model'],
                                dropout_rate=common.DROPOUT)
-  worker = TorchTrainWorker(cfg, common.random_batch(cfg.vocab_size, 4, 16),
-                            policy=package.USER_OMP_WAIT_POLICY)
+  worker = TorchTrainWorker(cfg, common.random_batch(cfg.vocab_size, 4, 16))
   try:
     assert os.environ['OMP_WAIT_POLICY'] == 'PASSIVE'   # here, in the parent
     assert worker.omp_wait_policy == package.USER_OMP_WAIT_POLICY

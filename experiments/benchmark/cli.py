@@ -7,7 +7,6 @@ with ``--json PATH``, wrote.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import resource
 import sys
@@ -109,8 +108,8 @@ def main(argv=None) -> dict:
                               'torch is not installed (pip install '
                               '".[bench]")')
     else:
-      # Not imported here: PyTorch runs in worker processes (torch_worker).
-      res['torch_version'] = importlib.metadata.version('torch')
+      import torch  # pylint: disable=g-import-not-at-top
+      res['torch_version'] = torch.__version__
       res['torch_threads'] = os.cpu_count()
       res['torch_omp_wait_policy'] = dict(
           torch=os.environ.get('OMP_WAIT_POLICY'),

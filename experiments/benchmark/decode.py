@@ -29,7 +29,7 @@ from experiments.benchmark.common import (DROPOUT, SIZES, MemoryBandwidth,
                                           interleave, log, random_batch)
 from experiments.benchmark import flax_wmt_beam
 from experiments.benchmark.flax_wmt import WmtConfig
-from experiments.benchmark.torch_worker import TorchWorker
+from experiments.benchmark.torch_reference import TorchNaiveGreedy
 from xfmr_jax import config as config_lib
 from xfmr_jax import decode, optim, train_state
 from xfmr_jax.model import Transformer
@@ -110,18 +110,13 @@ def bench_decode(size: str, *, reps: int, use_torch: bool, length: int = 64,
     generated[name] = int((tokens != 0).sum())
     runners[name] = lambda fn=fn: jax.block_until_ready(fn())
   if use_torch:
-    # In its own process, as in the train benchmark (see torch_worker).
-    torch_greedy = TorchWorker('TorchNaiveGreedy', cfg, np.asarray(inputs),
-                               length)
+    torch_greedy = TorchNaiveGreedy(cfg, inputs, length)
+    torch_greedy(2)   # warm-up
     runners['torch_greedy_naive'] = torch_greedy
     generated['torch_greedy_naive'] = batch_size * length
   runners['bandwidth'] = bandwidth = MemoryBandwidth()
   log(f'[{size}] decode: timing {reps} rounds ...')
-  try:
-    times = interleave(runners, reps, **(timing or {}))
-  finally:
-    if 'torch_greedy_naive' in runners:
-      runners['torch_greedy_naive'].close()
+  times = interleave(runners, reps, **(timing or {}))
   out = dict(size=size, batch=batch_size, source_length=spec['length'],
              output_length=length, reps=reps, runs={},
              load=times.rounds_info())

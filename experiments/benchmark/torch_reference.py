@@ -7,8 +7,6 @@ one of them is built, so everything else runs without it.
 """
 from __future__ import annotations
 
-import importlib.util
-
 import math
 import os
 import time
@@ -21,9 +19,12 @@ from xfmr_jax.token_ids import EOS
 
 
 def torch_available() -> bool:
-  """Whether torch is installed, without importing it here (the benchmark
-  runs PyTorch in worker processes, see ``torch_worker``)."""
-  return importlib.util.find_spec('torch') is not None
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    del torch     # only whether it imports
+    return True
+  except ImportError:
+    return False
 
 
 # Where the PyTorch model drops out: 'paper' = where xfmr_jax does (the sums

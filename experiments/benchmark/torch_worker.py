@@ -1,19 +1,15 @@
-"""Every PyTorch contender in a process of its own, driven round by round.
+"""PyTorch's train step with its default OpenMP wait policy, in a child process.
 
-PyTorch and XLA in one process disturb each other: with torch built and
-stepped beside them, our small train step ran 1.3x slower and the flax
-example's 3.8x slower than without (glibc's heap and two thread pools are
-shared), which made every ratio depend on who ran next to whom. So the
-benchmark never imports torch itself: :class:`TorchWorker` builds one of
-:mod:`~experiments.benchmark.torch_reference`'s contenders in a child started
-with the 'spawn' method, which imports torch afresh under the OpenMP wait
-policy asked for (OpenMP reads ``OMP_WAIT_POLICY`` once, when torch loads
-it; the package sets PASSIVE, ``policy=USER_OMP_WAIT_POLICY`` is what the
-user had, None being OpenMP's default that spins a while before sleeping).
-The parent drives it over a pipe, so it alternates with the other contenders
-in the same ``interleave`` rounds: ``repeat(n)`` runs n calls there and
-answers with the seconds they took. Its process id is in ``pids``, so that
-its CPU time counts as ours, not as foreign load.
+The package sets ``OMP_WAIT_POLICY=PASSIVE`` before anything imports torch
+(see ``experiments/benchmark/__init__.py``), and OpenMP reads the variable
+once, when torch loads it. ``TorchTrainWorker`` therefore builds the same
+:class:`~experiments.benchmark.torch_reference.TorchTrain` in a process
+started with the 'spawn' method, which imports torch afresh under the
+policy the user had (none: OpenMP's default, which spins a while before
+sleeping). The parent drives it round by round over a pipe, so it alternates
+with the other contenders in the same ``interleave`` rounds: ``repeat(n)``
+runs n steps there and answers with the seconds they took. Its process id is
+in ``pids``, so that its CPU time counts as ours, not as foreign load.
 """
 from __future__ import annotations
 
@@ -23,6 +19,7 @@ import sys
 import time
 import traceback
 
+import experiments.benchmark as package
 
 # How long the parent waits for the worker to build (import torch, two steps)
 # and for one request.
@@ -30,8 +27,8 @@ START_TIMEOUT_S = 300
 REQUEST_TIMEOUT_S = 600
 
 
-def _serve(conn, kind, args, kwargs, policy):
-  """The worker: set the policy, import torch, build the contender, answer."""
+def _serve(conn, cfg, batch, sites, policy):
+  """The worker: set the policy, import torch, build the step, answer."""
   # Importing this module ran the package's setdefault('PASSIVE') here too.
   os.environ.pop('OMP_WAIT_POLICY', None)
   if policy is not None:
@@ -40,11 +37,7 @@ def _serve(conn, kind, args, kwargs, policy):
     if 'torch' in sys.modules:
       raise RuntimeError('torch was imported before the wait policy was set')
     from experiments.benchmark import torch_reference  # pylint: disable=g-import-not-at-top
-    step = getattr(torch_reference, kind)(*args, **kwargs)
-    if not hasattr(step, 'first_step_s'):  # warm up what has no build step
-      t0 = time.perf_counter()
-      step()
-      step.first_step_s, step.rss_delta = time.perf_counter() - t0, None
+    step = torch_reference.TorchTrain(cfg, batch, sites=sites)
   except Exception:  # pylint: disable=broad-except
     conn.send(('error', traceback.format_exc()))
     return
@@ -63,22 +56,21 @@ def _serve(conn, kind, args, kwargs, policy):
   conn.close()
 
 
-class TorchWorker:
-  """``torch_reference.<kind>(*args, **kwargs)`` in a spawned child with
-  OpenMP wait policy ``policy`` (default PASSIVE, the package's). Call it
-  (one call) or ``repeat(n)``; ``close()`` ends it."""
+class TorchTrainWorker:
+  """``TorchTrain`` in a spawned child with the user's OpenMP wait policy
+  (default: unset). Call it (one step) or ``repeat(n)``; ``close()`` ends it."""
 
-  def __init__(self, kind: str, *args, policy: str | None = 'PASSIVE',
-               **kwargs):
+  def __init__(self, cfg, batch: dict, sites: str = 'paper',
+               policy: str | None = package.USER_OMP_WAIT_POLICY):
     ctx = multiprocessing.get_context('spawn')
     self._conn, child = ctx.Pipe()
     self._proc = ctx.Process(target=_serve, daemon=True,
-                             args=(child, kind, args, kwargs, policy))
+                             args=(child, cfg, batch, sites, policy))
     self._proc.start()
     child.close()
     self.pids = (self._proc.pid,)
-    reply, info = self._recv(START_TIMEOUT_S)
-    if reply != 'ready':
+    kind, info = self._recv(START_TIMEOUT_S)
+    if kind != 'ready':
       self.close()
       raise RuntimeError(f'torch worker failed:\n{info}')
     self.first_step_s = info['first_step_s']
@@ -115,9 +107,3 @@ class TorchWorker:
         self._proc.kill()
     self._proc.join()
     self._conn.close()
-
-
-def TorchTrainWorker(cfg, batch: dict, sites: str = 'paper',  # pylint: disable=invalid-name
-                     policy: str | None = 'PASSIVE') -> TorchWorker:
-  """The PyTorch train step (``TorchTrain``) in its own process."""
-  return TorchWorker('TorchTrain', cfg, batch, sites=sites, policy=policy)

@@ -13,6 +13,7 @@ rounds.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import jax
@@ -24,7 +25,7 @@ from experiments.benchmark.common import (DROPOUT, LABEL_SMOOTHING, SIZES,
                                           device_peak_bytes, interleave, log,
                                           random_batch, train_flops)
 from experiments.benchmark.flax_wmt import FlaxWmtTrain
-import experiments.benchmark as package
+from experiments.benchmark.torch_reference import TorchTrain
 from experiments.benchmark.torch_worker import TorchTrainWorker
 from xfmr_jax import config as config_lib
 from xfmr_jax import optim, train_state, train_steps
@@ -126,14 +127,11 @@ def bench_train(size: str, *, rounds: int, variants, use_torch: bool,
     runners['flax_wmt'] = FlaxWmtTrain(cfg, batch)
   if use_torch:
     log(f'[{size}] building torch ...')
-    # Each in a process of its own (see torch_worker): torch here would slow
-    # the XLA contenders down.
-    runners['torch'] = TorchTrainWorker(cfg, batch, sites='paper')
-    runners['torch_default'] = TorchTrainWorker(cfg, batch, sites='torch')
+    runners['torch'] = TorchTrain(cfg, batch, sites='paper')
+    runners['torch_default'] = TorchTrain(cfg, batch, sites='torch')
     log(f'[{size}] starting torch_active (OpenMP default wait, own process)')
     try:
-      runners['torch_active'] = TorchTrainWorker(
-          cfg, batch, sites='paper', policy=package.USER_OMP_WAIT_POLICY)
+      runners['torch_active'] = TorchTrainWorker(cfg, batch, sites='paper')
     except Exception as e:  # pylint: disable=broad-except
       unavailable['torch_active'] = f'{type(e).__name__}: {str(e)[-200:]}'
       log(f'[{size}] torch_active unavailable: {unavailable["torch_active"]}')
@@ -142,9 +140,8 @@ def bench_train(size: str, *, rounds: int, variants, use_torch: bool,
   try:
     times = interleave(runners, rounds, **(timing or {}))
   finally:
-    for name in ('torch', 'torch_default', 'torch_active'):
-      if name in runners:
-        runners[name].close()
+    if 'torch_active' in runners:
+      runners['torch_active'].close()
   peak_flops = peak.flops / np.array(times.pop('matmul'))
   flops = train_flops(cfg, batch_size, length, length)
   tokens = batch_size * length * 2   # source + target tokens per step
@@ -167,7 +164,8 @@ def bench_train(size: str, *, rounds: int, variants, use_torch: bool,
       row.update(compile_s=run.compile_s, memory=run.memory())
     else:
       row.update(memory=dict(rss_delta_bytes=run.rss_delta),
-                 omp_wait_policy=run.omp_wait_policy)
+                 omp_wait_policy=getattr(run, 'omp_wait_policy',
+                                         os.environ.get('OMP_WAIT_POLICY')))
     if isinstance(run, JaxTrain):
       row['model_changes'] = {k: v for k, v in dataclasses.asdict(
           configs[name]).items() if getattr(cfg, k) != v}
