@@ -134,6 +134,38 @@ class MatmulPeak:
     jax.block_until_ready(self.fn(self.a, self.b))
 
 
+class CompiledStep:
+  """A train step compiled ahead of time and run twice: its compile time,
+  first-step time and memory. Subclasses call :meth:`_compile` and define
+  ``__call__`` (one step on ``self.state``)."""
+
+  def _compile(self, init_state, lower):
+    """``init_state() -> state``; ``lower(state) -> jax Lowered``."""
+    with PeakRSS() as mem:
+      self.state = init_state()
+      jax.block_until_ready(self.state)
+      t0 = time.perf_counter()
+      self.compiled = lower(self.state).compile()
+      self.compile_s = time.perf_counter() - t0
+      t0 = time.perf_counter()
+      self()
+      self.first_step_s = time.perf_counter() - t0
+      self()
+    self.rss_delta = mem.delta
+    self.xla_bytes = None
+    try:
+      m = self.compiled.memory_analysis()
+      self.xla_bytes = int(m.argument_size_in_bytes + m.output_size_in_bytes
+                           - m.alias_size_in_bytes + m.temp_size_in_bytes)
+    except Exception:  # pylint: disable=broad-except
+      pass
+    self.device_peak = device_peak_bytes()
+
+  def memory(self) -> dict:
+    return dict(device_peak_bytes=self.device_peak,
+                xla_step_bytes=self.xla_bytes, rss_delta_bytes=self.rss_delta)
+
+
 # The array the memory bandwidth is read from: far larger than any cache.
 BANDWIDTH_BYTES = 256 * 2 ** 20
 

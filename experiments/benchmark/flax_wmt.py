@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from typing import Any
 
 import flax.linen as nn
@@ -46,8 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments.benchmark.common import (LABEL_SMOOTHING, PeakRSS,
-                                          device_peak_bytes)
+from experiments.benchmark.common import LABEL_SMOOTHING, CompiledStep
 from xfmr_jax import config as config_lib
 
 NEG_INF = -1.0e7        # the example's finite "impossible" log-prob
@@ -250,7 +248,7 @@ def train_step(state, batch, dropout_key, *, cfg, smoothing):
                          learning_rate=learning_rate(state.step))
 
 
-class FlaxWmtTrain:
+class FlaxWmtTrain(CompiledStep):
   """The example's jitted, state-donating step on one fixed batch; the same
   attributes as ``train.JaxTrain`` (compile_s: lower() + compile())."""
 
@@ -263,34 +261,15 @@ class FlaxWmtTrain:
     self.key = jax.random.key(1)
     tx = optax.adamw(learning_rate, b1=0.9, b2=0.98, eps=1e-9,
                      weight_decay=0.0)
-    with PeakRSS() as mem:
-      params = init_params(dataclasses.replace(wcfg, deterministic=True),
-                           batch['targets'].shape[1])
-      self.state = flax_train_state.TrainState.create(
-          apply_fn=None, params=params, tx=tx)
-      jax.block_until_ready(self.state)
-      t0 = time.perf_counter()
-      self.compiled = step.lower(self.state, self.batch, self.key).compile()
-      self.compile_s = time.perf_counter() - t0
-      t0 = time.perf_counter()
-      self()
-      self.first_step_s = time.perf_counter() - t0
-      self()
-    self.rss_delta = mem.delta
-    self.xla_bytes = None
-    try:
-      m = self.compiled.memory_analysis()
-      self.xla_bytes = int(m.argument_size_in_bytes + m.output_size_in_bytes
-                           - m.alias_size_in_bytes + m.temp_size_in_bytes)
-    except Exception:  # pylint: disable=broad-except
-      pass
-    self.device_peak = device_peak_bytes()
+    self._compile(
+        lambda: flax_train_state.TrainState.create(
+            apply_fn=None, tx=tx, params=init_params(
+                dataclasses.replace(wcfg, deterministic=True),
+                batch['targets'].shape[1])),
+        lambda state: step.lower(state, self.batch, self.key))
 
   def __call__(self):
     self.state, metrics = self.compiled(self.state, self.batch, self.key)
     jax.block_until_ready(metrics)
     return metrics
 
-  def memory(self) -> dict:
-    return dict(device_peak_bytes=self.device_peak,
-                xla_step_bytes=self.xla_bytes, rss_delta_bytes=self.rss_delta)

@@ -151,8 +151,13 @@ def main(argv=None) -> dict:
   result['cold_start_s'] = {k: statistics.median(v) for k, v in samples.items()}
   levels = [int(c) for c in args.levels.split(',')]
   beams = manifest['beam_sizes']
-  for name, extra in (('batched', ()), ('one_at_a_time', ('--max_batch=1',))):
-    proc, url = _start_service(artifact, args.port, *extra)
+  # A port each: a service that has just been stopped may still hold its
+  # port for a moment, and the next one would then fail to bind while the
+  # health check reached the old one.
+  for offset, (name, extra) in enumerate((('batched', ()),
+                                          ('one_at_a_time',
+                                           ('--max_batch=1',)))):
+    proc, url = _start_service(artifact, args.port + offset, *extra)
     try:
       result[name] = {beam: load_levels(url, texts, levels, args.requests,
                                         beam) for beam in beams}

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from experiments.benchmark.common import (DROPOUT, LABEL_SMOOTHING, SIZES,
-                                          MatmulPeak, PeakRSS,
-                                          device_peak_bytes, interleave, log,
-                                          random_batch, train_flops)
+                                          CompiledStep, MatmulPeak, interleave,
+                                          log, random_batch, train_flops)
 from experiments.benchmark.flax_wmt import FlaxWmtTrain
 from experiments.benchmark.torch_reference import TorchTrain
 from experiments.benchmark.torch_worker import TorchTrainWorker
@@ -49,7 +47,7 @@ MODEL_VARIANTS = {
 }
 
 
-class JaxTrain:
+class JaxTrain(CompiledStep):
   """Our jitted, state-donating train step on one fixed batch."""
 
   def __init__(self, cfg: config_lib.ModelConfig, batch: dict):
@@ -58,34 +56,15 @@ class JaxTrain:
     tx = optim.make_optimizer(d_model=cfg.d_model, warmup_steps=4000)
     step, _ = train_steps.jit_steps(model, tx, LABEL_SMOOTHING)
     self.batch = jax.device_put(batch)
-    with PeakRSS() as mem:
-      self.state = jax.jit(lambda: train_state.init_state(model, tx, seed=0))()
-      jax.block_until_ready(self.state)
-      t0 = time.perf_counter()
-      self.compiled = step.lower(self.state, self.batch).compile()
-      self.compile_s = time.perf_counter() - t0
-      t0 = time.perf_counter()
-      self()
-      self.first_step_s = time.perf_counter() - t0
-      self()
-    self.rss_delta = mem.delta
-    self.xla_bytes = None
-    try:
-      m = self.compiled.memory_analysis()
-      self.xla_bytes = int(m.argument_size_in_bytes + m.output_size_in_bytes
-                           - m.alias_size_in_bytes + m.temp_size_in_bytes)
-    except Exception:  # pylint: disable=broad-except
-      pass
-    self.device_peak = device_peak_bytes()
+    self._compile(
+        jax.jit(lambda: train_state.init_state(model, tx, seed=0)),
+        lambda state: step.lower(state, self.batch))
 
   def __call__(self):
     self.state, metrics = self.compiled(self.state, self.batch)
     jax.block_until_ready(metrics)
     return metrics
 
-  def memory(self) -> dict:
-    return dict(device_peak_bytes=self.device_peak,
-                xla_step_bytes=self.xla_bytes, rss_delta_bytes=self.rss_delta)
 
 
 def bench_train(size: str, *, rounds: int, variants, use_torch: bool,
