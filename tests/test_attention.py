@@ -93,14 +93,13 @@ def test_jit_vmap_and_grad(rng):
   assert np.all(np.isfinite(g)) and np.any(g != 0)
 
 
-@pytest.mark.parametrize('lq', [1, 3])
-def test_few_query_form_matches_reference_and_the_einsum_form(rng, lq,
+def test_one_query_form_matches_reference_and_the_einsum_form(rng,
                                                              monkeypatch):
-  """Decoding's one query (or a sentence's few beams) takes the elementwise
-  form: same outputs and weights as the float64 reference and as the matmul
-  form, with grouped KV heads, a per-head bias, a key mask with a fully
-  masked row, and weight dropout."""
-  b, lk, h, kvh, d = 3, 7, 4, 2, 8
+  """A decoding step's one query takes the elementwise form: same outputs
+  and weights as the float64 reference and as the matmul form, with grouped
+  KV heads, a per-head bias, a key mask with a fully masked row, and weight
+  dropout."""
+  b, lq, lk, h, kvh, d = 3, 1, 7, 4, 2, 8
   q = rng.standard_normal((b, lq, h, d)).astype(np.float32)
   k, v = rng.standard_normal((2, b, lk, kvh, d)).astype(np.float32)
   bias = rng.standard_normal((1, h, lq, lk)).astype(np.float32)
@@ -116,8 +115,8 @@ def test_few_query_form_matches_reference_and_the_einsum_form(rng, lq,
   run = lambda: attention.dot_product_attention(
       q, k, v, mask, bias, dropout_rate=0.3, dropout_rng=rng_key,
       return_weights=True)
-  few_out, few_w = run()
-  monkeypatch.setattr(attention, 'FEW_QUERIES', 0)
+  one_out, one_w = run()
+  monkeypatch.setattr(attention, 'ONE_QUERY_FORM', False)
   mm_out, mm_w = run()
-  np.testing.assert_allclose(few_w, mm_w, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(few_out, mm_out, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(one_w, mm_w, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(one_out, mm_out, rtol=1e-5, atol=1e-5)

@@ -245,6 +245,9 @@ def test_beam_scores_and_batching():
   others[2] = src[2]
   mixed, _ = decode.beam_search(m, params, others, max_decode_len=14)
   np.testing.assert_array_equal(mixed[2], tokens[2])
+  # Alone (one sentence: one cached cross-attention row for all its beams).
+  alone, _ = decode.beam_search(m, params, src[:1], max_decode_len=14)
+  np.testing.assert_array_equal(alone[0], tokens[0])
 
 
 @pytest.mark.parametrize('variant,changes', [

@@ -215,8 +215,8 @@ def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
   if local_window is not None:
     raise ValueError("local_window needs a fused implementation ('xla' or "
                      "'cudnn'); 'reference' is xfmr_jax.local_attention")
-  if query.shape[1] <= FEW_QUERIES:
-    out, weights = _few_query_attention(query, key, value, mask, bias,
+  if query.shape[1] == 1 and ONE_QUERY_FORM:
+    out, weights = _one_query_attention(query, key, value, mask, bias,
                                         dropout_rate, dropout_rng)
     return (out, weights) if return_weights else out
   weights = attention_weights(query, key, mask, bias)
@@ -228,64 +228,54 @@ def dot_product_attention(query: jnp.ndarray, key: jnp.ndarray,
   return (out, weights) if return_weights else out
 
 
-# Up to this many queries, 'reference' multiplies and sums instead of calling
-# a batched matmul (see _few_query_attention).
-FEW_QUERIES = 8
+# One query (a decoding step) is computed as products and sums, not as a
+# batched matmul (see _one_query_attention); False: the einsum form always.
+ONE_QUERY_FORM = True
 
 
-def _heads_last(x, q_length, k_length):
-  """A mask or bias broadcastable to ``[batch, heads, q, k]`` as ``[batch, q,
-  k, heads]`` (size-1 axes kept), or ``[batch, k, heads]`` for one query."""
+def _heads_last(x):
+  """A mask or bias broadcastable to ``[batch, heads, 1, k]`` as ``[batch, k,
+  heads]`` (size-1 axes kept)."""
   x = x.reshape((1,) * (4 - x.ndim) + x.shape)
-  x = jnp.moveaxis(x, 1, -1)
-  return x[:, 0] if q_length == 1 else x
+  return jnp.moveaxis(x, 1, -1)[:, 0]
 
 
-def _few_query_attention(query, key, value, mask, bias, dropout_rate,
+def _one_query_attention(query, key, value, mask, bias, dropout_rate,
                          dropout_rng):
-  """:func:`dot_product_attention`'s 'reference' meaning for a few queries
-  (decoding: one new token, or the beams of one sentence reading its
-  encoder output), as elementwise products and sums over ``[batch, (q,) k,
-  heads, head_dim]``.
+  """:func:`dot_product_attention`'s 'reference' meaning for one query (a
+  decoding step), as elementwise products and sums over ``[batch, k, heads,
+  head_dim]``.
 
   A decoding step is bound by reading the keys and values once. XLA's CPU
   backend runs the einsum form of a one-query attention as a batched matmul
   of single rows, at a quarter of that speed or less; the sums run near it.
-  One query gets its own form, without a size-1 query axis: with one, XLA
-  turns the product and sum back into that slow matmul.
+  The query axis is dropped: with a size-1 query axis XLA turns the product
+  and sum back into that slow matmul.
 
-  Returns ``(out [batch, q, heads, head_dim_v], weights [batch, heads, q, k])``.
+  Returns ``(out [batch, 1, heads, head_dim_v], weights [batch, heads, 1,
+  k])``.
   """
-  heads, q_length, k_length = query.shape[-2], query.shape[1], key.shape[1]
+  heads = query.shape[-2]
   key = repeat_kv_heads(key, heads).astype(jnp.float32)
   value = repeat_kv_heads(value, heads)
   query = query.astype(jnp.float32) / jnp.sqrt(
       jnp.asarray(query.shape[-1], jnp.float32))
-  if q_length == 1:  # [batch, k, heads]
-    scores = jnp.sum(query * key, axis=-1)
-  else:  # [batch, q, k, heads]
-    scores = jnp.sum(query[:, :, None] * key[:, None], axis=-1)
-  k_axis = scores.ndim - 2
+  scores = jnp.sum(query * key, axis=-1)  # [batch, k, heads]
   if bias is not None:
-    scores = scores + _heads_last(bias.astype(jnp.float32), q_length,
-                                  k_length)
+    scores = scores + _heads_last(bias.astype(jnp.float32))
   if mask is not None:
-    mask = _heads_last(mask, q_length, k_length)
+    mask = _heads_last(mask)
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(scores, axis=k_axis)
+  weights = jax.nn.softmax(scores, axis=1)
   if mask is not None:
-    weights = jnp.where(jnp.any(mask, axis=k_axis, keepdims=True), weights, 0.0)
-  # As [batch, heads, q, k], the layout attention_weights returns.
-  weights_bhqk = (weights.transpose(0, 2, 1)[:, :, None] if q_length == 1 else
-                  weights.transpose(0, 3, 1, 2))
+    weights = jnp.where(jnp.any(mask, axis=1, keepdims=True), weights, 0.0)
+  weights_bhqk = weights.transpose(0, 2, 1)[:, :, None]
   probs = weights
   if dropout_rate > 0.0 and dropout_rng is not None:
-    probs = dropout(weights_bhqk, dropout_rate, dropout_rng)
-    probs = (probs[:, :, 0].transpose(0, 2, 1) if q_length == 1 else
-             probs.transpose(0, 2, 3, 1))
-  probs = probs.astype(value.dtype)
-  if q_length == 1:
-    out = jnp.sum(probs[..., None] * value, axis=1, keepdims=True)
-  else:
-    out = jnp.sum(probs[..., None] * value[:, None], axis=2)
+    # Dropped out in the [batch, heads, q, k] layout: the same mask as the
+    # einsum form draws from the same key.
+    probs = dropout(weights_bhqk, dropout_rate, dropout_rng)[:, :, 0]
+    probs = probs.transpose(0, 2, 1)
+  out = jnp.sum(probs.astype(value.dtype)[..., None] * value, axis=1,
+                keepdims=True)
   return out.astype(value.dtype), weights_bhqk
