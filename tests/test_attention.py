@@ -93,30 +93,54 @@ def test_jit_vmap_and_grad(rng):
   assert np.all(np.isfinite(g)) and np.any(g != 0)
 
 
-def test_one_query_form_matches_reference_and_the_einsum_form(rng,
-                                                             monkeypatch):
-  """A decoding step's one query takes the elementwise form: same outputs
-  and weights as the float64 reference and as the matmul form, with grouped
-  KV heads, a per-head bias, a key mask with a fully masked row, and weight
-  dropout."""
-  b, lq, lk, h, kvh, d = 3, 1, 7, 4, 2, 8
+@pytest.mark.parametrize('lq', [1, 4, 8])
+def test_cache_layout_matches_reference_and_the_other_layout(rng, lq,
+                                                            monkeypatch):
+  """Keys and values laid out as a decoding cache keeps them ('bhkd'; a few
+  queries take the keys-first form): same outputs and weights as the
+  float64 reference and as the 'bkhd' layout, with grouped KV heads, a
+  per-head bias, a key mask with a fully masked row, and weight dropout."""
+  b, lk, h, kvh, d = 3, 7, 4, 2, 8
   q = rng.standard_normal((b, lq, h, d)).astype(np.float32)
   k, v = rng.standard_normal((2, b, lk, kvh, d)).astype(np.float32)
+  kc, vc = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
   bias = rng.standard_normal((1, h, lq, lk)).astype(np.float32)
   mask = rng.random((b, 1, lq, lk)) < 0.7
   mask[0, 0, 0] = False  # a query that sees nothing
   mask[1, 0, :, 0] = True
   ref = reference.masked_attention(q, k, v, mask.copy())
   # The reference has no bias: compare it without, then the forms with.
-  out = attention.dot_product_attention(q, k, v, mask)
+  out = attention.dot_product_attention(q, kc, vc, mask, kv_layout='bhkd')
   assert reference.rel_err(out, ref) < 1e-5
   np.testing.assert_array_equal(np.asarray(out)[0, 0], 0.0)
   rng_key = jax.random.key(3)
-  run = lambda: attention.dot_product_attention(
+  run = lambda k, v, layout: attention.dot_product_attention(
       q, k, v, mask, bias, dropout_rate=0.3, dropout_rng=rng_key,
-      return_weights=True)
-  one_out, one_w = run()
-  monkeypatch.setattr(attention, 'ONE_QUERY_FORM', False)
-  mm_out, mm_w = run()
-  np.testing.assert_allclose(one_w, mm_w, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(one_out, mm_out, rtol=1e-5, atol=1e-5)
+      return_weights=True, kv_layout=layout)
+  cache_out, cache_w = run(kc, vc, 'bhkd')
+  plain_out, plain_w = run(k, v, 'bkhd')
+  monkeypatch.setattr(attention, 'FEW_QUERIES', 0)
+  mm_out, mm_w = run(kc, vc, 'bhkd')
+  for other_out, other_w in ((plain_out, plain_w), (mm_out, mm_w)):
+    np.testing.assert_allclose(cache_w, other_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cache_out, other_out, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match='kv_layout'):
+    attention.dot_product_attention(q, k, v, kv_layout='bshd')
+
+
+@pytest.mark.parametrize('batch,g', [(1, 4), (1, 2), (2, 4), (3, 3)])
+def test_grouped_beams_under_jit_match_reference(rng, batch, g):
+  """A beam search's grouping: the g queries of a sentence attend over its
+  cache block [heads, g, slots, d], reshaped inside the jitted step (batch
+  of one sentence included, where an elementwise form of this once went
+  wrong on XLA's CPU backend)."""
+  slots, h, d = 14, 2, 16
+  q = rng.standard_normal((batch, g, h, d)).astype(np.float32)
+  k, v = rng.standard_normal((2, batch, h, g, slots, d)).astype(np.float32)
+  mask = rng.random((batch, 1, g, g * slots)) < 0.5
+  group = lambda x: x.reshape(batch, h, g * slots, d)
+  out = jax.jit(lambda q, k, v, mask: attention.dot_product_attention(
+      q, group(k), group(v), mask, kv_layout='bhkd'))(q, k, v, mask)
+  as_bkhd = lambda x: np.asarray(group(x)).transpose(0, 2, 1, 3)
+  ref = reference.masked_attention(q, as_bkhd(k), as_bkhd(v), mask)
+  assert reference.rel_err(out, ref) < 1e-5

@@ -176,12 +176,14 @@ def test_cache_layout_and_multi_token_steps():
   encoded, state, logits = run(variables, src)
 
   layer = state['cache']['decoder_1']
-  assert layer['self_attention']['cached_key'].shape == (4, 14, 2, 16)
+  # Heads first: [batch, kv_heads, slots, head_dim].
+  assert layer['self_attention']['cached_key'].shape == (4, 2, 14, 16)
   cross = layer['cross_attention']
   kernel = params['decoder_1']['cross_attention']['key']
   expected = (encoded @ kernel['kernel'] + kernel['bias']).reshape(4, 7, 2, 16)
-  np.testing.assert_allclose(cross['cached_key'], expected, atol=1e-5)
-  assert cross['cached_value'].shape == (4, 7, 2, 16)
+  np.testing.assert_allclose(cross['cached_key'], expected.transpose(0, 2, 1, 3),
+                             atol=1e-5)
+  assert cross['cached_value'].shape == (4, 2, 7, 16)
   np.testing.assert_allclose(
       logits, _jit_apply(m)(variables, src, targets), atol=1e-5, rtol=0)
 

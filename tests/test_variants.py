@@ -160,7 +160,8 @@ def test_gqa_and_mqa_caches_hold_only_the_kv_heads(kind):
     cache = decode._init_cache(m, {'params': params}, inputs, 10)
     keys = [x for p, x in jax.tree_util.tree_leaves_with_path(cache)
             if 'cached_key' in jax.tree_util.keystr(p)]
-    assert keys and all(k.shape[-2] == (kv_heads or 4) for k in keys)
+    # [batch, kv_heads, slots, head_dim]
+    assert keys and all(k.shape[1] == (kv_heads or 4) for k in keys)
     sizes[kv_heads] = sum(x.size for x in jax.tree.leaves(cache))
   assert sizes[0] == 2 * sizes[2] == 4 * sizes[1]
 

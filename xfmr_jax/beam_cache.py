@@ -8,14 +8,16 @@ A beam search over ``batch`` sentences with ``g`` beams each decodes ``batch
   sentence would hold the same copy, so the cache keeps it once and the
   beams' queries read it together (:func:`group_rows`): one read of the
   source per sentence, not per beam.
-* **The self-attention cache is append-only.** Each beam row writes its new
-  keys/values to its own row and slot; a ``cached_beam`` table ``[rows, g,
-  slots]`` (bool) says which of the sentence's ``g`` rows holds slot ``j``
-  of beam ``r``'s history. When a beam takes over another's hypothesis,
-  only its table row is copied (:func:`reorder`), and attention reads the
-  history through the table (:func:`group_beams`). Copying every layer's
-  keys and values from the parent beam instead took a quarter of a beam
-  step.
+* **The self-attention cache is append-only.** A sentence's beams share one
+  cache block ``[kv_heads, g, slots, head_dim]``; each beam writes its new
+  keys/values to its own part and slot, and a ``cached_beam`` table ``[rows,
+  g, slots]`` (bool) says which of the sentence's ``g`` parts holds slot
+  ``j`` of beam ``r``'s history. When a beam takes over another's
+  hypothesis, only its table row is copied (:func:`reorder`), and the
+  sentence's beams attend together over the whole block under the table
+  (:func:`group_beams`): no gather and no transpose of the cache. Copying
+  every layer's keys and values from the parent beam instead took a quarter
+  of a beam step.
 
 Local and linear attention keep a summary of the history (a ring buffer or
 a running sum) that cannot be shared this way, so their whole state is
@@ -42,17 +44,17 @@ def batch_axis(model) -> int:
 # ------------------------------------------------- the beam search's side --
 
 def _map_moving(cache, fn, table=None):
-  """``fn`` applied to every cache leaf that follows its beam: all but the
-  cross-attention keys/values and, in a self-attention cache with a
-  ``cached_beam`` table, all but the table. ``table(cached_key)``, if
+  """``fn(name, leaf)`` applied to every cache leaf that follows its beam:
+  all but the cross-attention keys/values and, in a self-attention cache
+  with a ``cached_beam`` table, only the table. ``table(cached_key)``, if
   given, adds that table to self-attention caches that have none."""
   def walk(name, tree):
     if not isinstance(tree, Mapping):
-      return fn(tree)
+      return fn(name, tree)
     if name == 'cross_attention':
       return tree
     if 'cached_beam' in tree:
-      return {**tree, 'cached_beam': fn(tree['cached_beam'])}
+      return {**tree, 'cached_beam': fn('cached_beam', tree['cached_beam'])}
     out = {key: walk(key, value) for key, value in tree.items()}
     if table is not None and name == 'self_attention' and 'cached_key' in tree:
       out['cached_beam'] = table(out['cached_key'])
@@ -61,21 +63,31 @@ def _map_moving(cache, fn, table=None):
 
 
 def expand(model, cache, g: int):
-  """The sentences' cache ``[batch, ...]`` as ``[batch * g, ...]`` beam rows.
+  """The sentences' cache ``[batch, ...]`` as the cache of ``batch * g`` beam
+  rows.
 
-  Cross-attention stays per sentence. With full self-attention each
-  self-attention cache also gets ``cached_beam [batch * g, g, slots]``
-  (``[layers, ...]`` when scanned): every beam's history starts in its own
-  row.
+  Cross-attention stays per sentence. With full self-attention, each
+  self-attention cache's keys and values ``[batch, kv_heads, slots, d]``
+  become the sentence's block ``[batch, kv_heads, g, slots, d]`` (every
+  beam's history starts as a copy of the sentence's, e.g. a prompt) and the
+  cache gets ``cached_beam [batch * g, g, slots]`` (``[layers, ...]`` when
+  scanned): every beam's history is in its own part. Other leaves (local or
+  linear attention's state, ALiBi's positions) repeat per beam row.
   """
   axis = batch_axis(model)
+  full = model.config.attention_kind == 'full'
 
-  def table(key):  # key: [(layers,) batch * g, slots, kv_heads, head_dim]
-    rows, slots = key.shape[axis], key.shape[axis + 1]
+  def table(key):  # key: [(layers,) batch, kv_heads, g, slots, head_dim]
+    rows, slots = key.shape[axis] * g, key.shape[-2]
     own = (jnp.arange(rows) % g)[:, None, None] == jnp.arange(g)[:, None]
     return jnp.broadcast_to(own, key.shape[:axis] + (rows, g, slots))
-  return _map_moving(cache, lambda x: jnp.repeat(x, g, axis=axis),
-                     table if model.config.attention_kind == 'full' else None)
+
+  def beams(name, x):
+    if full and name in ('cached_key', 'cached_value'):
+      x = jnp.expand_dims(x, -3)
+      return jnp.broadcast_to(x, x.shape[:-3] + (g,) + x.shape[-2:])
+    return jnp.repeat(x, g, axis=axis)
+  return _map_moving(cache, beams, table if full else None)
 
 
 def reorder(model, cache, rows):
@@ -83,7 +95,7 @@ def reorder(model, cache, rows):
   indexes the cache rows (always of the same sentence). Moves the
   ``cached_beam`` tables, or local/linear attention's whole state."""
   axis = batch_axis(model)
-  return _map_moving(cache, lambda x: jnp.take(x, rows, axis=axis))
+  return _map_moving(cache, lambda _, x: jnp.take(x, rows, axis=axis))
 
 
 # ------------------------------------------------------ the attention's side --
@@ -109,27 +121,27 @@ def group_rows(q, mask, cached_rows: int):
   return q, mask
 
 
-def group_beams(table, q, k, v, mask, positions, key_positions, step):
-  """Self-attention of a sentence's beams over their append-only cache.
+def group_beams(table, q, mask, positions, key_positions, step):
+  """Self-attention of a sentence's beams over their shared cache block.
 
-  Marks slots ``step .. step + n - 1`` of every beam as its own row's (where
-  it has just written them), then groups: the ``g * n`` queries of a
-  sentence attend together over all ``g * slots`` keys of its rows, each
-  seeing slot ``j`` only in the row its table names, which is exactly the
+  Marks slots ``step .. step + n - 1`` of every beam as its own part's
+  (where it has just written them), then groups: the ``g * n`` queries of a
+  sentence attend together over all ``g * slots`` keys of its block, each
+  seeing slot ``j`` only in the part its table names, which is exactly the
   attention over its own history.
 
   Args:
     table: ``cached_beam`` ``[rows, g, slots]`` bool.
-    q: ``[rows, n, heads, head_dim]``; k, v: ``[rows, slots, kv_heads, d]``
-      (the cache, this step's keys written).
+    q: ``[rows, n, heads, head_dim]``.
     mask: ``[rows or 1, 1, n or 1, slots]``, the slots each query may see.
     positions: ``[rows, n]`` or None; key_positions: ``[rows, slots]`` or None.
 
   Returns:
-    the updated table and ``(q, k, v, mask, positions, key_positions)``
-    grouped to ``[rows / g, g * n, ...]``, ``[rows / g, g * slots, ...]``,
-    mask ``[rows / g, 1, g * n, g * slots]``; the attention's output
-    ``[rows / g, g * n, ...]`` reshapes back to ``[rows, n, ...]``.
+    the updated table and ``(q, mask, positions, key_positions)`` grouped to
+    ``[rows / g, g * n, ...]``, mask ``[rows / g, 1, g * n, g * slots]``,
+    key positions ``[rows / g, g * slots]`` (the order of the block's keys);
+    the attention's output ``[rows / g, g * n, ...]`` reshapes back to
+    ``[rows, n, ...]``.
   """
   rows, g, slots = table.shape
   n = q.shape[1]
@@ -142,6 +154,5 @@ def group_beams(table, q, k, v, mask, positions, key_positions, step):
   mask = mask & table.reshape(batch, g, 1, g, slots)
   group = lambda x: None if x is None else x.reshape(
       batch, g * x.shape[1], *x.shape[2:])
-  return table, (group(q), group(k), group(v),
-                 mask.reshape(batch, 1, g * n, g * slots), group(positions),
-                 group(key_positions))
+  return table, (group(q), mask.reshape(batch, 1, g * n, g * slots),
+                 group(positions), group(key_positions))

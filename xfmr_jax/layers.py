@@ -168,21 +168,26 @@ class MultiHeadAttention(nn.Module):
   reference implementation the attention weights ``[batch, heads, q, k]`` are
   sown into the ``intermediates`` collection for visualisation.
 
-  Incremental decoding keeps keys and values in the ``cache`` collection:
+  Incremental decoding keeps keys and values in the ``cache`` collection,
+  heads first (``kv_layout='bhkd'`` of :func:`attention.dot_product_attention`:
+  a decoding step's attention then needs no transpose of the cache):
 
   * ``cache='self'``: causal self-attention over ``cached_key`` and
-    ``cached_value`` ``[batch, cache_len, kv_heads, head_dim]`` (keys already
+    ``cached_value`` ``[batch, kv_heads, cache_len, head_dim]`` (keys already
     rotated under RoPE; under ALiBi also ``cached_position`` ``[batch,
     cache_len]``). The ``q`` new tokens are written at cache slots ``step ..
     step + q - 1`` and each attends to the slots up to its own.
   * ``cache='cross'``: the keys and values of ``inputs_kv`` (the encoder output)
     are computed when it is given and stored in ``cached_key``/``cached_value``
-    ``[batch, source_length, kv_heads, head_dim]``; with ``inputs_kv=None`` they
-    are read back, so each decoding step projects only its new query. Beam
-    search keeps one cached row per sentence for ``g`` query rows (its beams):
-    a sentence's beams read it together (:func:`beam_cache.group_rows`).
-  * beam search adds ``cached_beam`` to a ``'self'`` cache: the beams then
-    append to their own rows and read their histories through that table
+    ``[batch, kv_heads, source_length, head_dim]``; with ``inputs_kv=None``
+    they are read back, so each decoding step projects only its new query.
+    Beam search keeps one cached row per sentence for ``g`` query rows (its
+    beams): a sentence's beams read it together
+    (:func:`beam_cache.group_rows`).
+  * beam search keeps a sentence's ``g`` beams together in a ``'self'``
+    cache, ``[batch, kv_heads, g, cache_len, head_dim]``, with a
+    ``cached_beam`` table: each beam appends to its own part and the beams
+    read their histories through that table
     (:func:`beam_cache.group_beams`) instead of copying each other's caches.
 
   ``kind`` 'local' or 'linear' (self-attention only; ``mask`` is then a
@@ -211,6 +216,7 @@ class MultiHeadAttention(nn.Module):
                               cfg.num_heads)
     key_positions = positions
     rows = q.shape[0]
+    kv_layout = 'bkhd' if cache is None else 'bhkd'
     if cache == 'cross' and inputs_kv is None:
       # Later decoding steps: the encoder's keys/values were cached once.
       k = self.get_variable('cache', 'cached_key')
@@ -234,6 +240,7 @@ class MultiHeadAttention(nn.Module):
         return dense(cfg.d_model, ('joined_kv', 'embed'), 'out', dtype,
                      cfg.use_bias)(attention.merge_heads(out))
       if cache == 'cross':
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         self.put_variable('cache', 'cached_key', k)
         self.put_variable('cache', 'cached_value', v)
       elif cache == 'self':
@@ -241,8 +248,8 @@ class MultiHeadAttention(nn.Module):
             k, v, positions if relative else None, cache_len, step)
         mask = cache_mask if mask is None else mask & cache_mask
         if self.has_variable('cache', 'cached_beam'):
-          q, k, v, mask, positions, key_positions = self._beam_group(
-              q, k, v, mask, positions, key_positions, step)
+          q, mask, positions, key_positions = self._beam_group(
+              q, mask, positions, key_positions, step)
     bias = None
     if relative and cfg.positional == 'alibi':
       bias = positional.alibi_bias(positions, key_positions, cfg.num_heads)
@@ -256,49 +263,61 @@ class MultiHeadAttention(nn.Module):
     if impl == 'reference':
       out, weights = attention.dot_product_attention(
           q, k, v, mask, bias, dropout_rate=cfg.attention_dropout_rate,
-          dropout_rng=dropout_rng, return_weights=True)
+          dropout_rng=dropout_rng, return_weights=True, kv_layout=kv_layout)
       self.sow('intermediates', 'attention_weights', weights)
     else:
       out = attention.dot_product_attention(q, k, v, mask, bias,
-                                            implementation=impl)
+                                            implementation=impl,
+                                            kv_layout=kv_layout)
     out = out.reshape(rows, -1, *out.shape[2:])  # undoes the grouping
     return dense(cfg.d_model, ('joined_kv', 'embed'), 'out', dtype,
                  cfg.use_bias)(attention.merge_heads(out))
 
   def _update_self_cache(self, k, v, positions, cache_len, step):
-    """Write ``[batch, q, kv_heads, head_dim]`` new K/V at ``step``.
+    """Write ``[rows, q, kv_heads, head_dim]`` new K/V at ``step``.
 
-    Returns the full cached keys and values ``[batch, cache_len, kv_heads,
-    head_dim]``, the cached key positions ``[batch, cache_len]`` (when
-    ``positions`` of the new tokens are given, for ALiBi; else None) and the
-    causal mask ``[1, 1, q, cache_len]`` over the slots (new slot ``step + i``
-    sees slots ``0 .. step + i``).
+    Returns the cached keys and values ``[rows, kv_heads, cache_len,
+    head_dim]`` (a beam search's ``[batch, kv_heads, g * cache_len,
+    head_dim]``: its ``g`` beams' slots, beam-major), the cached key
+    positions ``[rows, cache_len]`` (when ``positions`` of the new tokens
+    are given, for ALiBi; else None) and the causal mask ``[1, 1, q,
+    cache_len]`` over a row's slots (new slot ``step + i`` sees slots ``0 ..
+    step + i``).
     """
-    batch, length, heads, head_dim = k.shape
+    rows, length, heads, head_dim = k.shape
     if not self.has_variable('cache', 'cached_key') and cache_len is None:
       raise ValueError("the first cache='self' call needs cache_len")
-    shape = (batch, cache_len, heads, head_dim)
+    shape = (rows, heads, cache_len, head_dim)
     cached_key = self.variable('cache', 'cached_key', jnp.zeros, shape, k.dtype)
     cached_value = self.variable('cache', 'cached_value', jnp.zeros, shape,
                                  v.dtype)
-    start = (0, step, 0, 0)
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k, start)
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v,
-                                                      start)
+    slots = cached_key.value.shape[-2]
+    if cached_key.value.ndim == 5:  # beam search: [batch, heads, g, slots, d]
+      batch, _, g = cached_key.value.shape[:3]
+      new = lambda x: x.reshape(batch, g, length, heads, head_dim).transpose(
+          0, 3, 1, 2, 4)
+      start = (0, 0, 0, step, 0)
+    else:
+      new = lambda x: x.transpose(0, 2, 1, 3)
+      start = (0, 0, step, 0)
+    for var, x in ((cached_key, k), (cached_value, v)):
+      var.value = jax.lax.dynamic_update_slice(var.value, new(x), start)
     key_positions = None
     if positions is not None and self.config.positional == 'alibi':
       cached_position = self.variable('cache', 'cached_position', jnp.zeros,
-                                      shape[:2], jnp.int32)
+                                      (rows, slots), jnp.int32)
       cached_position.value = jax.lax.dynamic_update_slice(
           cached_position.value, positions.astype(jnp.int32), (0, step))
       key_positions = cached_position.value
-    mask = masks.cache_mask(step, length, cached_key.value.shape[1])
-    return cached_key.value, cached_value.value, key_positions, mask
+    mask = masks.cache_mask(step, length, slots)
+    merge = lambda x: x.reshape(x.shape[0], heads, -1, head_dim)
+    return (merge(cached_key.value), merge(cached_value.value), key_positions,
+            mask)
 
-  def _beam_group(self, q, k, v, mask, positions, key_positions, step):
+  def _beam_group(self, q, mask, positions, key_positions, step):
     """:func:`beam_cache.group_beams` on this layer's ``cached_beam`` table."""
     table, grouped = beam_cache.group_beams(
-        self.get_variable('cache', 'cached_beam'), q, k, v, mask, positions,
+        self.get_variable('cache', 'cached_beam'), q, mask, positions,
         key_positions, step)
     self.put_variable('cache', 'cached_beam', table)
     return grouped
