@@ -52,3 +52,91 @@ def exported_artifact(trained_workdir, tmp_path_factory):
   export.export_workdir(str(trained_workdir), str(out), beam_sizes=(4, 1),
                         batch_size=8, progress=lambda line: None)
   return out
+
+
+# Further cases of what the default run already checks, left to
+# ``python -m pytest -m slow`` so the default run stays short (each entry is
+# a test id, or a test function's name for all its cases). The default run
+# keeps one case of each end-to-end path: one variant per model kind, one
+# interruption, one resume, one notebook.
+SLOW = {
+    'tests/test_variants.py': [
+        'test_variant_trains_and_decodes_with_the_cache[encoder_decoder-alibi-bundle3]',
+        'test_variant_trains_and_decodes_with_the_cache[encoder_decoder-rope-bundle2]',
+        'test_variant_trains_and_decodes_with_the_cache[encoder_decoder-learned-bundle1]',
+        'test_variant_trains_and_decodes_with_the_cache[decoder_only-sinusoidal-bundle1]',
+        'test_variant_trains_and_decodes_with_the_cache[decoder_only-alibi-bundle0]',
+        'test_decoder_only_learns_toy_translation',
+        'test_decoder_only_packed_row_equals_separate_rows',
+        'test_encoder_only_learns_the_tagging_task',
+        'test_models_agree_across_attention_implementations[decoder_only]',
+    ],
+    'tests/test_interruptions.py': [
+        'test_sigterm_anywhere_then_resume_equals_uninterrupted[eval]',
+        'test_sigterm_anywhere_then_resume_equals_uninterrupted[final_eval]',
+        'test_sigterm_anywhere_then_resume_equals_uninterrupted[final_save]',
+        'test_damaged_newest_checkpoint_is_moved_aside_and_the_run_finishes[metadata]',
+        'test_damaged_newest_checkpoint_is_moved_aside_and_the_run_finishes[zero_filled]',
+        'test_best_checkpoint_and_its_score_survive_a_restart',
+    ],
+    'tests/test_resume.py': [
+        'test_sigkill_during_a_save_or_an_evaluation_then_resume',
+    ],
+    'tests/test_benchmark.py': [
+        'test_gpu_check_falls_back_on_cpu',
+        'test_model_variants_are_the_main_model_with_their_changes',
+    ],
+    'tests/test_notebooks.py': [
+        'test_notebook_runs[sharding.ipynb]',
+        'test_notebook_runs[anatomy.ipynb]',
+    ],
+    'tests/test_model.py': [
+        'test_scanned_and_remat_stacks_match_unrolled[changes1]',
+        'test_scanned_and_remat_stacks_match_unrolled[changes2]',
+    ],
+    'tests/test_bad_inputs.py': [
+        'test_unwritable_checkpoint_folder_keeps_the_last_checkpoint',
+        'test_resuming_with_another_model_names_the_fields',
+    ],
+    'tests/test_length_generalization.py': [
+        'test_study_trains_scores_both_splits_and_resumes',
+    ],
+    'tests/test_long_attention.py': [
+        'test_padding_changes_nothing[linear_elu]',
+        'test_packed_segments_do_not_leak[local]',
+        'test_favor_error_falls_as_features_grow',
+        'test_cached_decoding_equals_the_full_model[linear_favor_rope_gqa_peri-decoder_only]',
+        'test_cached_decoding_equals_the_full_model[local_global_alibi_gqa-decoder_only]',
+    ],
+    'tests/test_decode.py': [
+        'test_beam_hypotheses_read_their_own_history[post-changes2]',
+    ],
+    'tests/test_train.py': ['test_resume_continues_from_checkpoint'],
+    'tests/test_service.py': [
+        'test_sigterm_finishes_requests_in_flight_and_exits_0',
+    ],
+    'tests/test_serving.py': ['test_warm_up_compiles_every_batch_size_once'],
+    'tests/test_losses.py': [
+        'test_return_hidden_projects_to_the_logits[changes0]',
+    ],
+    'tests/test_fused_kernels.py': [
+        'test_a_model_on_the_pallas_kernel_equals_the_reference',
+    ],
+    'tests/test_params_average.py': ['test_workdir_translates_with_the_average'],
+    'tests/test_sharding.py': [
+        'test_sharding[test_layout_trains_like_one_device[fsdp_tp]]',
+        'test_sharding[test_layout_trains_like_one_device[dp_fsdp]]',
+        'test_sharding[test_variant_trains_and_decodes_like_one_device[local_global_alibi_gqa]]',
+        'test_sharding[test_variant_trains_and_decodes_like_one_device[decoder_only_linear_favor_rope_peri]]',
+    ],
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+  """Marks the ``SLOW`` cases slow (before ``-m`` deselects them)."""
+  for item in items:
+    path = item.nodeid.split('::')[0]
+    names = SLOW.get(path, ())
+    if item.name in names or item.originalname in names:
+      item.add_marker(pytest.mark.slow)

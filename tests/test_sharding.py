@@ -33,13 +33,17 @@ def _check_ids():
 
 
 @pytest.fixture(scope='module')
-def outcomes(tmp_path_factory):
+def outcomes(request, tmp_path_factory):
+  # Only the checks this run selected (``-m slow`` selects the slow ones).
+  selected = [item.callspec.params['check'] for item in request.session.items
+              if item.originalname == 'test_sharding']
   report = tmp_path_factory.mktemp('sharding') / 'report.xml'
   env = {k: v for k, v in os.environ.items() if not k.startswith('XLA_')}
   env.update(JAX_NUM_CPU_DEVICES='8', JAX_PLATFORMS='cpu')
   run = subprocess.run(
-      [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
-       f'--junitxml={report}', 'tests/sharding_checks.py'],
+      [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-m',
+       '', f'--junitxml={report}'] +
+      [f'tests/sharding_checks.py::{check}' for check in selected],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert report.exists(), run.stdout[-5000:] + run.stderr[-5000:]
   results = {}
