@@ -102,15 +102,8 @@ def _few_query_attention(query, key, value, mask, bias, dropout_rate,
   query = query / jnp.sqrt(jnp.asarray(query.shape[-1], query.dtype))
   scores = jnp.einsum('bhkd,bqhd->bhkq', key, query,
                       preferred_element_type=jnp.float32)
-  keys_first = lambda x: jnp.swapaxes(_four_d(x), 2, 3)
-  if bias is not None:
-    scores = scores + keys_first(bias.astype(jnp.float32))
-  if mask is not None:
-    mask = keys_first(mask)
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(scores, axis=2)
-  if mask is not None:  # a query with no visible key gets 0, as elsewhere
-    weights = jnp.where(jnp.any(mask, axis=2, keepdims=True), weights, 0.0)
+  keys_first = lambda x: None if x is None else jnp.swapaxes(_four_d(x), 2, 3)
+  weights = _masked_softmax(scores, keys_first(mask), keys_first(bias), axis=2)
   probs = weights
   if dropout_rate > 0.0 and dropout_rng is not None:
     # Dropped out as [batch, heads, q, k]: the mask the other form draws.
@@ -144,16 +137,20 @@ def attention_weights(query: jnp.ndarray, key: jnp.ndarray,
   # Dividing by sqrt(d_k) keeps the logits' variance near 1 whatever d_k is,
   # so the softmax does not saturate (section 3.2.1).
   query = query / jnp.sqrt(jnp.asarray(d_k, query.dtype))
-  scores = _scores(query, key, kv_layout)
+  return _masked_softmax(_scores(query, key, kv_layout), mask, bias, axis=-1)
+
+
+def _masked_softmax(scores, mask, bias, axis):
+  """The softmax of ``scores + bias`` over the key ``axis``, masked keys
+  removed; a query with no visible key (e.g. a padding query) would
+  otherwise spread its weight uniformly over masked keys: it gets 0."""
   if bias is not None:
     scores = scores + bias.astype(jnp.float32)
   if mask is None:
-    return jax.nn.softmax(scores, axis=-1)
+    return jax.nn.softmax(scores, axis=axis)
   scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(scores, axis=-1)
-  # A query with no visible key (e.g. a padding query) would otherwise spread
-  # its weight uniformly over masked keys; zero it instead.
-  return jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
+  weights = jax.nn.softmax(scores, axis=axis)
+  return jnp.where(jnp.any(mask, axis=axis, keepdims=True), weights, 0.0)
 
 
 def resolve_implementation(name: str, backend: str | None = None) -> str:
