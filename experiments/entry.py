@@ -11,6 +11,7 @@ its traceback.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 
@@ -25,13 +26,24 @@ def verbose() -> bool:
 
 
 def fail(message: str, code: int = BAD_INPUT):
-  print(f'error: {message}', file=sys.stderr, flush=True)
-  if code == FAILED:
-    # A run that failed part-way (a full disk) leaves writer threads and
-    # coroutines behind, whose teardown would print screens of tracebacks.
-    sys.stdout.flush()
-    os._exit(code)
-  sys.exit(code)
+  if code != FAILED:
+    print(f'error: {message}', file=sys.stderr, flush=True)
+    sys.exit(code)
+  # A run that failed part-way (a full disk) leaves writer threads behind
+  # that go on printing (tracebacks of callbacks that find their event loop
+  # closed), and a progress bar or one of those prints may have left half a
+  # line. Silence them first, so that the last line is this one, on its own.
+  stderr = sys.stderr
+  sys.stderr = open(os.devnull, 'w')
+  logging.disable(logging.CRITICAL)
+  sys.stdout.flush()
+  stderr.flush()
+  try:
+    fd = stderr.fileno()
+  except (AttributeError, OSError, ValueError):  # a replaced stream
+    fd = 2
+  os.write(fd, f'\nerror: {message}\n'.encode())
+  os._exit(code)  # their teardown would print screens more
 
 
 def _config_path(argv) -> str | None:

@@ -146,6 +146,33 @@ def test_translate_names_a_damaged_config_file(trained, tmp_path):
                   stdin=b'eins\n')
 
 
+def test_a_failed_run_ends_in_its_own_line_while_threads_still_print():
+  """Writer threads of a failed run (orbax's, after a full disk) may go on
+  printing half lines; the error is still the last line, on its own."""
+  script = """
+import sys, threading, time
+from experiments import entry
+def chatter():
+  while True:
+    sys.stderr.write('    ')
+    time.sleep(0.0001)
+    sys.stderr.write('RuntimeError: Event loop is closed\\n')
+for _ in range(4):
+  threading.Thread(target=chatter, daemon=True).start()
+sys.stderr.write('train:  30%|###   | 12/40')  # a progress bar's half line
+time.sleep(0.05)
+entry.fail('cannot write a checkpoint in /x: full', entry.FAILED)
+"""
+  for _ in range(5):
+    result = subprocess.run([sys.executable, '-c', script], cwd=ROOT,
+                            capture_output=True, timeout=60)
+    err = result.stderr.decode()
+    assert result.returncode == 1, err
+    assert err.splitlines()[-1] == 'error: cannot write a checkpoint in /x: ' \
+        'full', err[-500:]
+    assert err.endswith('\n')
+
+
 @pytest.fixture
 def small_disk(tmp_path):
   """A 1.2 MB tmpfs: room for one tiny checkpoint, not for three."""
