@@ -193,3 +193,75 @@ def test_torch_active_worker_imports_torch_with_the_users_policy():
   finally:
     worker.close()
   assert not worker._proc.is_alive()
+
+
+def _fake_child(loads=None, fail=()):
+  """A stand-in for isolated.run_child: a result per call, recorded."""
+  calls_made = []
+  loads = dict(loads or {})
+
+  def run(name, size, *, calls, min_round_s, peak_n):
+    calls_made.append((name, calls))
+    if name in fail:
+      raise RuntimeError(f'{name} broke')
+    seconds = {'matmul': 0.01, 'main': 0.2, 'torch': 0.3}.get(name, 0.25)
+    queue = loads.get(name)
+    return dict(name=name, pid=len(calls_made), seconds=seconds, calls=3,
+                foreign_load=queue.pop(0) if queue else 0.0,
+                omp_wait_policy='PASSIVE', malloc_applied=None,
+                first_step_s=seconds, compile_s=1.0, flops=2e9)
+  return run, calls_made
+
+
+def test_isolated_rounds_rotate_retry_alone_and_pair_ratios_by_round():
+  from experiments.benchmark import isolated
+  run, made = _fake_child(loads={'torch': [0.0, 0.9, 0.1]},
+                          fail=('flax_wmt',))
+  out = isolated.bench_train_isolated(
+      'tiny', rounds=2, use_torch=True, peak_n=64, run=run,
+      contenders=('main', 'flax_wmt', 'torch'),
+      timing=dict(min_round_s=0.01, retries=2))
+  order = [name for name, _ in made]
+  # Round 1 in the given order (matmul first); round 2 starts one later; a
+  # disturbed window (torch's 0.9) is timed again in a fresh process, alone.
+  assert order == ['matmul', 'main', 'flax_wmt', 'torch',
+                   'main', 'torch', 'torch', 'matmul']
+  assert [c for name, c in made if name == 'main'] == [None, 3]  # fixed
+  assert out['load']['retried'] == 1 and out['load']['disturbed_kept'] == 0
+  assert 'flax_wmt' in out['unavailable'] and 'flax_wmt' not in out['runs']
+  assert set(out['runs']) == {'main', 'torch'}
+  assert out['ratio_vs_torch']['main'] == pytest.approx(1.5)
+  peak = 2e9 / 0.01
+  assert out['runs']['main']['mfu'] == pytest.approx(
+      out['model_flops_per_step'] / 0.2 / peak)
+
+
+def test_isolated_contenders_run_alone_each_in_a_fresh_process():
+  pytest.importorskip('torch', reason='torch is not installed: the torch '
+                      'contenders are not run')
+  from experiments.benchmark import isolated
+  results = []
+
+  def run(*args, **kwargs):
+    results.append(isolated.run_child(*args, **kwargs))
+    return results[-1]
+
+  out = isolated.bench_train_isolated(
+      'tiny', rounds=1, use_torch=True, peak_n=128, run=run,
+      contenders=('main', 'main_trainer_malloc', 'torch_active'),
+      timing=dict(min_round_s=0.05, retries=0))
+  pids = [r['pid'] for r in results]
+  assert len(set(pids)) == 4 and os.getpid() not in pids
+  spans = sorted((r['started'], r['ended']) for r in results)
+  assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # one at a time
+  runs = out['runs']
+  assert runs['main']['omp_wait_policy'] == 'PASSIVE'
+  assert runs['torch_active']['omp_wait_policy'] == \
+      package.USER_OMP_WAIT_POLICY
+  assert runs['main']['malloc_applied'] is None
+  if sys.platform.startswith('linux') and 'GLIBC_TUNABLES' not in os.environ:
+    assert runs['main_trainer_malloc']['malloc_applied'] is True
+  for row in runs.values():
+    assert row['step_s'] > 0 and 0 < row['mfu'] < 2
+  assert runs['main']['compile_s'] > 0 and 'compile_s' not in \
+      runs['torch_active']

@@ -19,6 +19,7 @@ from experiments.benchmark.common import (MIN_ROUND_S, SIZES, device_peak_bytes,
                                           machine)
 from experiments.benchmark.decode import bench_decode
 from experiments.benchmark.gpu_check import gpu_check
+from experiments.benchmark.isolated import bench_train_isolated
 from experiments.benchmark.report import format_tables, write_json
 from experiments.benchmark.torch_reference import torch_available
 from experiments.benchmark.train import MODEL_VARIANTS, VARIANTS, bench_train
@@ -54,6 +55,10 @@ def parse_args(argv):
                  help='each contender runs at least this long per round')
   p.add_argument('--retries', type=int, default=load_lib.MAX_RETRIES,
                  help='times a round disturbed by other jobs is run again')
+  p.add_argument('--isolate', action='store_true',
+                 help='time each train-step contender in a fresh process of '
+                 'its own, one at a time, alternating processes round by '
+                 'round (variants are not run; see isolated.py)')
   p.add_argument('--gpu_check', action='store_true',
                  help='the one-shot accelerator check (falls back on CPU)')
   p.add_argument('--quick', action='store_true',
@@ -115,14 +120,25 @@ def main(argv=None) -> dict:
           torch=os.environ.get('OMP_WAIT_POLICY'),
           torch_active=package.USER_OMP_WAIT_POLICY)
     timing = dict(min_round_s=args.min_round_s, retries=args.retries)
-    res['train'] = [bench_train(s, rounds=args.rounds,
-                                variants={
-                                    **(VARIANTS if s in args.variants else {}),
-                                    **(MODEL_VARIANTS if s in
-                                       args.model_variants else {})},
-                                use_torch=use_torch, peak_n=args.peak_n,
-                                flax_wmt=not args.no_flax_wmt, timing=timing)
-                    for s in args.sizes]
+    if args.isolate:
+      res['timing_method'] = (
+          'train: each contender in a fresh process of its own, one at a '
+          'time, the order rotating round by round; each process times >= '
+          f'{args.min_round_s} s of steps after two warm-up steps; foreign '
+          'load = (machine busy CPU s - that process\'s CPU s) / wall s, a '
+          f'window above {load_lib.DISTURBED_LOAD} core is timed again in a '
+          f'fresh process, up to {args.retries} times. Decoding: ' +
+          res['timing_method'])
+    def train(size):
+      common = dict(rounds=args.rounds, use_torch=use_torch,
+                    peak_n=args.peak_n, flax_wmt=not args.no_flax_wmt,
+                    timing=timing)
+      if args.isolate:
+        return bench_train_isolated(size, **common)
+      return bench_train(size, **common, variants={
+          **(VARIANTS if size in args.variants else {}),
+          **(MODEL_VARIANTS if size in args.model_variants else {})})
+    res['train'] = [train(s) for s in args.sizes]
     res['decode'] = [bench_decode(s, reps=args.decode_reps,
                                   use_torch=use_torch, length=args.decode_len,
                                   batch_size=args.decode_batch,

@@ -45,9 +45,11 @@ def _load_lines(r: dict, what: str) -> list:
 def format_tables(res: dict) -> str:
   lines = [f"machine: {res['machine']}", '']
   if res.get('train'):
+    isolated = any(r.get('isolated') for r in res['train'])
     lines.append('train step (median of alternating rounds; dropout 0.1 '
-                 'unless noted)')
-    hdr = (f"{'size':6} {'run':15} {'step ms':>9} {'tok/s':>8} "
+                 'unless noted' + ('; each contender in a process of its '
+                                   'own, one at a time)' if isolated else ')'))
+    hdr = (f"{'size':6} {'run':19} {'step ms':>9} {'tok/s':>8} "
            f"{'vs torch':>8} {'MFU':>6} {'compile s':>9} {'GFLOP':>7} "
            f"{'peak GF/s':>9} {'xla MB':>7} {'rss MB':>7} {'fgn':>5}")
     lines += [hdr, '-' * len(hdr)]
@@ -58,14 +60,14 @@ def format_tables(res: dict) -> str:
         ratio = f"{ratios[name]:.2f}x" if name in ratios else '-'
         comp = f"{row['compile_s']:.1f}" if 'compile_s' in row else '-'
         lines.append(
-            f"{r['size']:6} {name:15} {row['step_s'] * 1e3:9.1f} "
+            f"{r['size']:6} {name:19} {row['step_s'] * 1e3:9.1f} "
             f"{row['tokens_per_s']:8.0f} {ratio:>8} {row['mfu']:6.1%} "
             f"{comp:>9} {r['model_flops_per_step'] / 1e9:7.1f} "
             f"{r['matmul_peak_flops'] / 1e9:9.1f} "
             f"{_mb(mem.get('xla_step_bytes')):>7} "
             f"{_mb(mem.get('rss_delta_bytes')):>7} {_fgn(row):>5}")
       for name, why in r.get('unavailable', {}).items():
-        lines.append(f"{r['size']:6} {name:15} unavailable: {why[:80]}")
+        lines.append(f"{r['size']:6} {name:19} unavailable: {why[:80]}")
       if 'ratio_vs_torch_default' in r:
         lines.append(f"{r['size']:6} main vs torch_default (nn.Transformer's "
                      f"own dropout sites): "

@@ -27,15 +27,21 @@ START_TIMEOUT_S = 300
 REQUEST_TIMEOUT_S = 600
 
 
-def _serve(conn, cfg, batch, sites, policy):
-  """The worker: set the policy, import torch, build the step, answer."""
-  # Importing this module ran the package's setdefault('PASSIVE') here too.
+def apply_wait_policy(policy: str | None) -> None:
+  """Set ``OMP_WAIT_POLICY`` to ``policy`` (None: unset, OpenMP's default)
+  for a process that has not imported torch yet (OpenMP reads it once)."""
+  if 'torch' in sys.modules:
+    raise RuntimeError('torch was imported before the wait policy was set')
+  # Importing this package ran its setdefault('PASSIVE') here too.
   os.environ.pop('OMP_WAIT_POLICY', None)
   if policy is not None:
     os.environ['OMP_WAIT_POLICY'] = policy
+
+
+def _serve(conn, cfg, batch, sites, policy):
+  """The worker: set the policy, import torch, build the step, answer."""
   try:
-    if 'torch' in sys.modules:
-      raise RuntimeError('torch was imported before the wait policy was set')
+    apply_wait_policy(policy)
     from experiments.benchmark import torch_reference  # pylint: disable=g-import-not-at-top
     step = torch_reference.TorchTrain(cfg, batch, sites=sites)
   except Exception:  # pylint: disable=broad-except

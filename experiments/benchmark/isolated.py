@@ -1,0 +1,236 @@
+"""Train steps timed one contender at a time, each in a fresh process.
+
+``python -m experiments.benchmark --isolate`` measures the train step this
+way instead of :func:`experiments.benchmark.train.bench_train`'s single
+process. In the single process every contender's step, compiled code, thread
+pools and allocations live side by side, and they slow each other: our small
+step took 577 to 1,984 ms depending on which others were built beside it,
+while the foreign-load measure, which sees only other jobs, saw nothing.
+Here each round starts one process per contender, one after the other, and
+only one is alive at a time: it builds its step, runs two steps, then times
+at least ``min_round_s`` of steps (after ``common.SETTLE_S`` idle, measuring
+the foreign load of the window) and reports back as one JSON line. The
+contenders' order rotates from round to round, a window disturbed by other
+jobs is timed again in a fresh process (up to ``retries`` times, then the
+least disturbed is kept), and ratios are taken round by round.
+
+Contenders: ``matmul`` (the ``jnp.dot`` peak MFU is taken against), ``main``
+(our step with glibc's malloc defaults), ``main_trainer_malloc`` (the same
+with the trainer's ``host_memory.reuse_freed_memory``, as ``python -m
+experiments.train_wmt`` runs it), ``flax_wmt`` (the flax example's step),
+``torch`` (PyTorch, passive OpenMP waiting) and ``torch_active`` (PyTorch
+under the user's OpenMP policy, by default none).
+
+This module imports no jax at the top: a child applies the malloc settings
+and the OpenMP policy before anything loads jax or torch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import experiments.benchmark as package
+
+CONTENDERS = ('matmul', 'main', 'main_trainer_malloc', 'flax_wmt', 'torch',
+              'torch_active')
+TORCH_CONTENDERS = ('torch', 'torch_active')
+# How long one child may take (import, compile, warm-up, timed window).
+CHILD_TIMEOUT_S = 900
+_RESULT = 'isolated-result: '
+
+
+def _build(name: str, size: str, peak_n: int):
+  """The contender's runner (in the child): call it for one step."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from experiments.benchmark import common, train  # pylint: disable=g-import-not-at-top
+  from xfmr_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  if name == 'matmul':
+    return common.MatmulPeak(peak_n, jnp.float32)
+  spec = common.SIZES[size]
+  cfg = config_lib.ModelConfig(**spec['model'], dropout_rate=common.DROPOUT,
+                               attention_impl='reference')
+  batch = common.random_batch(cfg.vocab_size, spec['batch'], spec['length'])
+  if name in ('main', 'main_trainer_malloc'):
+    return train.JaxTrain(cfg, batch)
+  if name == 'flax_wmt':
+    return train.FlaxWmtTrain(cfg, batch)
+  if name in TORCH_CONTENDERS:
+    from experiments.benchmark import torch_reference  # pylint: disable=g-import-not-at-top
+    return torch_reference.TorchTrain(cfg, batch, sites='paper')
+  raise ValueError(f'unknown contender {name!r}; choose from {CONTENDERS}')
+
+
+def child(spec: dict) -> dict:
+  """One contender's process: build, warm up, time one window."""
+  from experiments.benchmark import common, load  # pylint: disable=g-import-not-at-top
+  t_start = time.time()
+  run = _build(spec['name'], spec['size'], spec['peak_n'])
+  time.sleep(common.SETTLE_S)
+  stop = load.window()
+  calls, elapsed = common._timed(run, spec['calls'], spec['min_round_s'])  # pylint: disable=protected-access
+  out = dict(name=spec['name'], pid=os.getpid(), seconds=elapsed / calls,
+             calls=calls, foreign_load=stop(), started=t_start,
+             ended=time.time(),
+             omp_wait_policy=os.environ.get('OMP_WAIT_POLICY'),
+             glibc_tunables=os.environ.get('GLIBC_TUNABLES'),
+             first_step_s=getattr(run, 'first_step_s', None),
+             compile_s=getattr(run, 'compile_s', None))
+  if hasattr(run, 'memory'):
+    out['memory'] = run.memory()
+  elif hasattr(run, 'rss_delta'):
+    out['memory'] = dict(rss_delta_bytes=run.rss_delta)
+  if hasattr(run, 'flops'):
+    out['flops'] = run.flops
+  return out
+
+
+def _child_main(spec: dict) -> None:
+  # Before anything imports jax or torch: both read these settings once.
+  if spec['name'] == 'main_trainer_malloc':
+    from xfmr_jax import host_memory  # pylint: disable=g-import-not-at-top
+    spec['malloc_applied'] = host_memory.reuse_freed_memory()
+  from experiments.benchmark import torch_worker  # pylint: disable=g-import-not-at-top
+  torch_worker.apply_wait_policy(spec['omp_wait_policy'])
+  out = child(spec)
+  out['malloc_applied'] = spec.get('malloc_applied')
+  print(_RESULT + json.dumps(out), flush=True)
+
+
+def run_child(name: str, size: str, *, calls: int | None, min_round_s: float,
+              peak_n: int) -> dict:
+  """Start one contender's process, wait for it, return its result."""
+  # The parent's package set PASSIVE in the environment the child inherits;
+  # torch_active gets the policy the user had (None: unset).
+  policy = (package.USER_OMP_WAIT_POLICY if name == 'torch_active'
+            else 'PASSIVE')
+  spec = dict(name=name, size=size, calls=calls, min_round_s=min_round_s,
+              peak_n=peak_n, omp_wait_policy=policy)
+  proc = subprocess.run(
+      [sys.executable, '-m', 'experiments.benchmark.isolated',
+       json.dumps(spec)], capture_output=True, text=True,
+      timeout=CHILD_TIMEOUT_S, check=False)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith(_RESULT)]
+  if proc.returncode or not lines:
+    raise RuntimeError(f'benchmark process for {name} ({size}) failed with '
+                       f'exit code {proc.returncode}:\n{proc.stderr[-2000:]}')
+  return json.loads(lines[-1][len(_RESULT):])
+
+
+def _summary(results, matmul, flops, tokens) -> dict:
+  """One contender's row from its rounds' results."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from experiments.benchmark import load  # pylint: disable=g-import-not-at-top
+  ts = np.array([r['seconds'] for r in results])
+  row = dict(step_s=float(np.median(ts)), step_s_all=ts.tolist(),
+             tokens_per_s=float(tokens / np.median(ts)),
+             first_step_s=results[0]['first_step_s'],
+             foreign_load=load.summary([r['foreign_load'] for r in results]),
+             calls_per_round=results[0]['calls'],
+             pids=[r['pid'] for r in results],
+             memory=results[0].get('memory', {}),
+             omp_wait_policy=results[0]['omp_wait_policy'],
+             malloc_applied=results[0]['malloc_applied'])
+  if matmul:  # MFU per round against the peak of the same round
+    peak = np.array([m['flops'] / m['seconds'] for m in matmul])
+    row['mfu'] = float(np.median(flops / ts / peak))
+  if results[0]['compile_s'] is not None:
+    row['compile_s'] = float(np.median([r['compile_s'] for r in results]))
+  return row
+
+
+def bench_train_isolated(size: str, *, rounds: int, use_torch: bool,
+                         peak_n: int, flax_wmt: bool = True,
+                         timing: dict | None = None, contenders=None,
+                         run=run_child) -> dict:
+  """One size's train step, each contender in a process of its own per
+  round, one at a time; the same result layout as ``train.bench_train``
+  (plus ``isolated``, each row's ``pids`` and ``malloc_applied``).
+
+  ``contenders``: a subset of CONTENDERS (default: all that ``use_torch``
+  and ``flax_wmt`` allow; ``matmul`` is always timed). ``timing``:
+  ``min_round_s``, ``retries``, ``threshold``. ``run``: starts one child
+  (:func:`run_child`)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from experiments.benchmark import common, load  # pylint: disable=g-import-not-at-top
+  from xfmr_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  timing = dict(timing or {})
+  min_round_s = timing.get('min_round_s', common.MIN_ROUND_S)
+  retries = timing.get('retries', load.MAX_RETRIES)
+  threshold = timing.get('threshold', load.DISTURBED_LOAD)
+  names = ['matmul'] + [
+      c for c in (contenders or CONTENDERS) if c != 'matmul' and
+      (use_torch or c not in TORCH_CONTENDERS) and (flax_wmt or c != 'flax_wmt')]
+  results = {n: [] for n in names}
+  calls, unavailable, retried, disturbed_kept = {}, {}, 0, 0
+  for r in range(rounds):
+    k = r % len(names)  # rotate the order: no contender always goes first
+    for name in names[k:] + names[:k]:
+      if name in unavailable:
+        continue
+      best = None
+      for attempt in range(retries + 1):
+        common.log(f'[{size}] round {r + 1}/{rounds}: {name}, in a process '
+                   'of its own ...')
+        try:
+          res = run(name, size, calls=calls.get(name),
+                    min_round_s=min_round_s, peak_n=peak_n)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+          if name in ('main', 'matmul'):
+            raise
+          unavailable[name] = f'{type(e).__name__}: {str(e)[-200:]}'
+          results[name].clear()  # its rounds so far have no partner
+          common.log(f'[{size}] {name} unavailable: {unavailable[name]}')
+          break
+        calls.setdefault(name, res['calls'])
+        fl = res['foreign_load']
+        if best is None or (fl is not None and best['foreign_load'] is not None
+                            and fl < best['foreign_load']):
+          best = res
+        if fl is None or fl <= threshold:
+          break
+        if attempt < retries:
+          retried += 1
+      if name in unavailable:
+        continue
+      fl = best['foreign_load']
+      disturbed_kept += fl is not None and fl > threshold
+      results[name].append(best)
+  spec = common.SIZES[size]
+  cfg = config_lib.ModelConfig(**spec['model'], dropout_rate=common.DROPOUT,
+                               attention_impl='reference')
+  batch, length = spec['batch'], spec['length']
+  flops = common.train_flops(cfg, batch, length, length)
+  tokens = batch * length * 2   # source + target tokens per step
+  matmul = results.pop('matmul')
+  loads = [x['foreign_load'] for rs in results.values() for x in rs] + [
+      m['foreign_load'] for m in matmul]
+  measured = all(x is not None for x in loads)
+  out = dict(size=size, batch=batch, length=length, tokens_per_step=tokens,
+             model=dataclasses.asdict(cfg), model_flops_per_step=flops,
+             matmul_n=peak_n, rounds=rounds, isolated=True,
+             matmul_peak_flops=float(np.median(
+                 [m['flops'] / m['seconds'] for m in matmul])),
+             runs={}, unavailable=unavailable,
+             load=dict(rounds=rounds, measured=measured, threshold=threshold,
+                       retried=retried, disturbed_kept=disturbed_kept,
+                       max_foreign_load=max(loads) if measured and loads
+                       else None))
+  for name, rs in results.items():
+    if rs:
+      out['runs'][name] = _summary(rs, matmul, flops, tokens)
+  for ref in ('torch', 'torch_active', 'flax_wmt'):
+    if ref in out['runs']:
+      # Per round, then the median: both ran in the same round.
+      ref_s = np.array([x['seconds'] for x in results[ref]])
+      out[f'ratio_vs_{ref}'] = {
+          name: float(np.median(ref_s / np.array([x['seconds'] for x in rs])))
+          for name, rs in results.items() if name != ref and rs}
+  return out
+
+
+if __name__ == '__main__':
+  _child_main(json.loads(sys.argv[1]))
