@@ -200,8 +200,8 @@ def _fake_child(loads=None, fail=()):
   calls_made = []
   loads = dict(loads or {})
 
-  def run(name, size, *, calls, min_round_s, peak_n):
-    calls_made.append((name, calls))
+  def run(name, size, *, calls, min_round_s, peak_n, changes):
+    calls_made.append((name, calls, changes))
     if name in fail:
       raise RuntimeError(f'{name} broke')
     seconds = {'matmul': 0.01, 'main': 0.2, 'torch': 0.3}.get(name, 0.25)
@@ -220,16 +220,23 @@ def test_isolated_rounds_rotate_retry_alone_and_pair_ratios_by_round():
   out = isolated.bench_train_isolated(
       'tiny', rounds=2, use_torch=True, peak_n=64, run=run,
       contenders=('main', 'flax_wmt', 'torch'),
+      variants={'gqa': lambda c: dict(num_kv_heads=c.num_heads // 2)},
       timing=dict(min_round_s=0.01, retries=2))
-  order = [name for name, _ in made]
-  # Round 1 in the given order (matmul first); round 2 starts one later; a
-  # disturbed window (torch's 0.9) is timed again in a fresh process, alone.
-  assert order == ['matmul', 'main', 'flax_wmt', 'torch',
-                   'main', 'torch', 'torch', 'matmul']
-  assert [c for name, c in made if name == 'main'] == [None, 3]  # fixed
+  order = [name for name, _, _ in made]
+  # Round 1: matmul, ours, the variants, the yardsticks; round 2 starts one
+  # later; a disturbed window (torch's 0.9) is timed again in a fresh
+  # process, alone.
+  assert order == ['matmul', 'main', 'gqa', 'flax_wmt', 'torch',
+                   'main', 'gqa', 'torch', 'torch', 'matmul']
+  assert [c for name, c, _ in made if name == 'main'] == [None, 3]  # fixed
+  heads = common.SIZES['tiny']['model']['num_heads']
+  assert {name: ch for name, _, ch in made} == dict(
+      matmul=None, main={}, gqa=dict(num_kv_heads=heads // 2), flax_wmt=None,
+      torch=None)
+  assert out['runs']['gqa']['model_changes'] == dict(num_kv_heads=heads // 2)
   assert out['load']['retried'] == 1 and out['load']['disturbed_kept'] == 0
   assert 'flax_wmt' in out['unavailable'] and 'flax_wmt' not in out['runs']
-  assert set(out['runs']) == {'main', 'torch'}
+  assert set(out['runs']) == {'main', 'gqa', 'torch'}
   assert out['ratio_vs_torch']['main'] == pytest.approx(1.5)
   peak = 2e9 / 0.01
   assert out['runs']['main']['mfu'] == pytest.approx(
@@ -249,9 +256,10 @@ def test_isolated_contenders_run_alone_each_in_a_fresh_process():
   out = isolated.bench_train_isolated(
       'tiny', rounds=1, use_torch=True, peak_n=128, run=run,
       contenders=('main', 'main_trainer_malloc', 'torch_active'),
+      variants={'no_bias': dict(use_bias=False)},
       timing=dict(min_round_s=0.05, retries=0))
   pids = [r['pid'] for r in results]
-  assert len(set(pids)) == 4 and os.getpid() not in pids
+  assert len(set(pids)) == 5 and os.getpid() not in pids
   spans = sorted((r['started'], r['ended']) for r in results)
   assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # one at a time
   runs = out['runs']
@@ -265,3 +273,7 @@ def test_isolated_contenders_run_alone_each_in_a_fresh_process():
     assert row['step_s'] > 0 and 0 < row['mfu'] < 2
   assert runs['main']['compile_s'] > 0 and 'compile_s' not in \
       runs['torch_active']
+  # The variant's step is the main model with its change: fewer parameters.
+  assert runs['no_bias']['model_changes'] == dict(use_bias=False)
+  assert runs['no_bias']['memory']['xla_step_bytes'] < \
+      runs['main']['memory']['xla_step_bytes']

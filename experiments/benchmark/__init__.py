@@ -3,8 +3,11 @@ r"""Train-step, decoding and PyTorch-comparison benchmarks, and a one-shot GPU c
     python -m experiments.benchmark [--sizes toy,small,base] [--json PATH]
     python -m experiments.benchmark --gpu_check [--json PATH]   # or gpu_check.sh
 
-For every size it measures, in ONE process and alternating round by round (so
-a machine shared with other jobs slows every contender alike):
+For every size it measures, alternating round by round (so a machine shared
+with other jobs slows every contender alike); each train-step contender runs
+in a fresh process of its own, one at a time (``isolated``; ``--in_process``
+times them side by side in one process, where they slow each other), and the
+decoders run in this process:
 
 * our jitted train step (``xfmr_jax.train_steps``: model, label-smoothed
   loss, Adam with the paper schedule, dropout 0.1) and its variants without
@@ -52,7 +55,8 @@ recomputation not counted). MFU = model FLOP/s / measured matmul FLOP/s.
 
 The parts: ``cli`` (the command line, run by ``__main__``), ``common`` (sizes,
 machine description, timing and FLOP counting), ``load`` (foreign CPU load),
-``train``, ``torch_reference``, ``torch_worker`` (``torch_active``),
+``isolated`` (a process per contender), ``train``, ``torch_reference``,
+``torch_worker`` (``torch_active`` in one process),
 ``decode``, ``flax_wmt`` and ``flax_wmt_beam`` (the yardstick),
 ``gpu_check`` and ``report`` (tables and JSON). Three benchmarks
 have commands of their own: ``python -m experiments.benchmark.data_pipeline``

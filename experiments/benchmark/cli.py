@@ -19,7 +19,7 @@ from experiments.benchmark.common import (MIN_ROUND_S, SIZES, device_peak_bytes,
                                           machine)
 from experiments.benchmark.decode import bench_decode
 from experiments.benchmark.gpu_check import gpu_check
-from experiments.benchmark.isolated import bench_train_isolated
+from experiments.benchmark.isolated import PROCESS_WINDOW_S, bench_train_isolated
 from experiments.benchmark.report import format_tables, write_json
 from experiments.benchmark.torch_reference import torch_available
 from experiments.benchmark.train import MODEL_VARIANTS, VARIANTS, bench_train
@@ -53,24 +53,30 @@ def parse_args(argv):
                  'and beam search')
   p.add_argument('--min_round_s', type=float, default=MIN_ROUND_S,
                  help='each contender runs at least this long per round')
+  p.add_argument('--process_window_s', type=float, default=PROCESS_WINDOW_S,
+                 help='each train-step process times at least this long '
+                 '(its start and compile cost far more)')
   p.add_argument('--retries', type=int, default=load_lib.MAX_RETRIES,
                  help='times a round disturbed by other jobs is run again')
-  p.add_argument('--isolate', action='store_true',
-                 help='time each train-step contender in a fresh process of '
-                 'its own, one at a time, alternating processes round by '
-                 'round (variants are not run; see isolated.py)')
+  p.add_argument('--in_process', action='store_true',
+                 help='time the train steps side by side in this process '
+                 '(faster, but contenders slow each other; by default each '
+                 'runs in a fresh process of its own, one at a time: see '
+                 'isolated.py)')
   p.add_argument('--gpu_check', action='store_true',
                  help='the one-shot accelerator check (falls back on CPU)')
   p.add_argument('--quick', action='store_true',
-                 help='tiny sizes, few and short rounds, one retry (for '
-                 'tests)')
+                 help='tiny sizes, few and short rounds, one retry, in this '
+                 'process (for tests)')
   args = p.parse_args(argv)
   if args.quick:
     args.sizes, args.rounds, args.decode_reps = 'tiny', 2, 1
     args.variants = args.variants or 'none'
     args.decode_len, args.peak_n = min(args.decode_len, 8), 256
     args.min_round_s = min(args.min_round_s, 0.1)
+    args.process_window_s = min(args.process_window_s, 0.1)
     args.retries = min(args.retries, 1)
+    args.in_process = True
   sizes = [s for s in args.sizes.split(',') if s]
   bad = [s for s in sizes if s not in SIZES]
   if bad:
@@ -120,24 +126,23 @@ def main(argv=None) -> dict:
           torch=os.environ.get('OMP_WAIT_POLICY'),
           torch_active=package.USER_OMP_WAIT_POLICY)
     timing = dict(min_round_s=args.min_round_s, retries=args.retries)
-    if args.isolate:
+    if not args.in_process:
       res['timing_method'] = (
           'train: each contender in a fresh process of its own, one at a '
           'time, the order rotating round by round; each process times >= '
-          f'{args.min_round_s} s of steps after two warm-up steps; foreign '
+          f'{args.process_window_s} s of steps after two warm-up steps; foreign '
           'load = (machine busy CPU s - that process\'s CPU s) / wall s, a '
           f'window above {load_lib.DISTURBED_LOAD} core is timed again in a '
           f'fresh process, up to {args.retries} times. Decoding: ' +
           res['timing_method'])
     def train(size):
-      common = dict(rounds=args.rounds, use_torch=use_torch,
-                    peak_n=args.peak_n, flax_wmt=not args.no_flax_wmt,
-                    timing=timing)
-      if args.isolate:
-        return bench_train_isolated(size, **common)
-      return bench_train(size, **common, variants={
-          **(VARIANTS if size in args.variants else {}),
-          **(MODEL_VARIANTS if size in args.model_variants else {})})
+      variants = {**(VARIANTS if size in args.variants else {}),
+                  **(MODEL_VARIANTS if size in args.model_variants else {})}
+      bench = bench_train if args.in_process else bench_train_isolated
+      return bench(size, rounds=args.rounds, use_torch=use_torch,
+                   peak_n=args.peak_n, flax_wmt=not args.no_flax_wmt,
+                   variants=variants, timing=timing if args.in_process else
+                   dict(timing, min_round_s=args.process_window_s))
     res['train'] = [train(s) for s in args.sizes]
     res['decode'] = [bench_decode(s, reps=args.decode_reps,
                                   use_torch=use_torch, length=args.decode_len,

@@ -1,25 +1,28 @@
 """Train steps timed one contender at a time, each in a fresh process.
 
-``python -m experiments.benchmark --isolate`` measures the train step this
-way instead of :func:`experiments.benchmark.train.bench_train`'s single
-process. In the single process every contender's step, compiled code, thread
-pools and allocations live side by side, and they slow each other: our small
-step took 577 to 1,984 ms depending on which others were built beside it,
-while the foreign-load measure, which sees only other jobs, saw nothing.
-Here each round starts one process per contender, one after the other, and
-only one is alive at a time: it builds its step, runs two steps, then times
-at least ``min_round_s`` of steps (after ``common.SETTLE_S`` idle, measuring
-the foreign load of the window) and reports back as one JSON line. The
-contenders' order rotates from round to round, a window disturbed by other
-jobs is timed again in a fresh process (up to ``retries`` times, then the
-least disturbed is kept), and ratios are taken round by round.
+``python -m experiments.benchmark`` measures the train step this way (``--in_process``:
+:func:`experiments.benchmark.train.bench_train`'s single process instead).
+In a single process every contender's compiled step, thread pools and
+allocations live side by side, and they slow each other: our base step took
+3,535 ms there with PyTorch built beside it and 1,845 ms alone, while the
+foreign-load measure, which sees only other jobs, saw nothing. Here each
+round starts one process per contender, one after the other, and only one is
+alive at a time: it builds its step, runs two steps, then times at least
+``PROCESS_WINDOW_S`` of steps (after ``common.SETTLE_S`` idle, measuring the
+foreign load of the window) and reports back as one JSON line. The order
+rotates from round to round, a window disturbed by other jobs is timed again
+in a fresh process (up to ``retries`` times, then the least disturbed is
+kept), and ratios are taken round by round.
 
 Contenders: ``matmul`` (the ``jnp.dot`` peak MFU is taken against), ``main``
 (our step with glibc's malloc defaults), ``main_trainer_malloc`` (the same
-with the trainer's ``host_memory.reuse_freed_memory``, as ``python -m
-experiments.train_wmt`` runs it), ``flax_wmt`` (the flax example's step),
-``torch`` (PyTorch, passive OpenMP waiting) and ``torch_active`` (PyTorch
-under the user's OpenMP policy, by default none).
+under the trainer's ``host_memory.reuse_freed_memory``, as ``python -m
+experiments.train_wmt`` runs it), the variants (``train.VARIANTS``,
+``train.MODEL_VARIANTS``: ModelConfig changes), ``flax_wmt`` (the flax
+example's step), ``torch`` (PyTorch at the paper's dropout sites, passive
+OpenMP waiting), ``torch_default`` (nn.Transformer's own dropout sites) and
+``torch_active`` (the paper's sites under the user's OpenMP policy, by
+default none).
 
 This module imports no jax at the top: a child applies the malloc settings
 and the OpenMP policy before anything loads jax or torch.
@@ -35,39 +38,45 @@ import time
 import experiments.benchmark as package
 
 CONTENDERS = ('matmul', 'main', 'main_trainer_malloc', 'flax_wmt', 'torch',
-              'torch_active')
-TORCH_CONTENDERS = ('torch', 'torch_active')
+              'torch_default', 'torch_active')
+TORCH_CONTENDERS = ('torch', 'torch_default', 'torch_active')
+JAX_CONTENDERS = ('main', 'main_trainer_malloc')
+# Each process times at least this many seconds of steps (``min_round_s``
+# of ``timing``): its start, compile and warm-up cost far more, and a longer
+# window averages out a scheduling hiccup.
+PROCESS_WINDOW_S = 2.0
 # How long one child may take (import, compile, warm-up, timed window).
 CHILD_TIMEOUT_S = 900
 _RESULT = 'isolated-result: '
 
 
-def _build(name: str, size: str, peak_n: int):
+def _build(spec: dict):
   """The contender's runner (in the child): call it for one step."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from experiments.benchmark import common, train  # pylint: disable=g-import-not-at-top
   from xfmr_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  name = spec['name']
   if name == 'matmul':
-    return common.MatmulPeak(peak_n, jnp.float32)
-  spec = common.SIZES[size]
-  cfg = config_lib.ModelConfig(**spec['model'], dropout_rate=common.DROPOUT,
+    return common.MatmulPeak(spec['peak_n'], jnp.float32)
+  size = common.SIZES[spec['size']]
+  cfg = config_lib.ModelConfig(**size['model'], dropout_rate=common.DROPOUT,
                                attention_impl='reference')
-  batch = common.random_batch(cfg.vocab_size, spec['batch'], spec['length'])
-  if name in ('main', 'main_trainer_malloc'):
-    return train.JaxTrain(cfg, batch)
+  batch = common.random_batch(cfg.vocab_size, size['batch'], size['length'])
   if name == 'flax_wmt':
     return train.FlaxWmtTrain(cfg, batch)
   if name in TORCH_CONTENDERS:
     from experiments.benchmark import torch_reference  # pylint: disable=g-import-not-at-top
-    return torch_reference.TorchTrain(cfg, batch, sites='paper')
-  raise ValueError(f'unknown contender {name!r}; choose from {CONTENDERS}')
+    return torch_reference.TorchTrain(
+        cfg, batch, sites='torch' if name == 'torch_default' else 'paper')
+  # main, main_trainer_malloc or a variant: our step, with its changes.
+  return train.JaxTrain(cfg.replace(**spec.get('changes', {})), batch)
 
 
 def child(spec: dict) -> dict:
   """One contender's process: build, warm up, time one window."""
   from experiments.benchmark import common, load  # pylint: disable=g-import-not-at-top
   t_start = time.time()
-  run = _build(spec['name'], spec['size'], spec['peak_n'])
+  run = _build(spec)
   time.sleep(common.SETTLE_S)
   stop = load.window()
   calls, elapsed = common._timed(run, spec['calls'], spec['min_round_s'])  # pylint: disable=protected-access
@@ -100,14 +109,15 @@ def _child_main(spec: dict) -> None:
 
 
 def run_child(name: str, size: str, *, calls: int | None, min_round_s: float,
-              peak_n: int) -> dict:
-  """Start one contender's process, wait for it, return its result."""
+              peak_n: int, changes: dict | None = None) -> dict:
+  """Start one contender's process, wait for it, return its result
+  (``changes``: a variant's ModelConfig changes)."""
   # The parent's package set PASSIVE in the environment the child inherits;
   # torch_active gets the policy the user had (None: unset).
   policy = (package.USER_OMP_WAIT_POLICY if name == 'torch_active'
             else 'PASSIVE')
   spec = dict(name=name, size=size, calls=calls, min_round_s=min_round_s,
-              peak_n=peak_n, omp_wait_policy=policy)
+              peak_n=peak_n, omp_wait_policy=policy, changes=changes or {})
   proc = subprocess.run(
       [sys.executable, '-m', 'experiments.benchmark.isolated',
        json.dumps(spec)], capture_output=True, text=True,
@@ -142,28 +152,39 @@ def _summary(results, matmul, flops, tokens) -> dict:
 
 
 def bench_train_isolated(size: str, *, rounds: int, use_torch: bool,
-                         peak_n: int, flax_wmt: bool = True,
+                         peak_n: int, variants=None, flax_wmt: bool = True,
                          timing: dict | None = None, contenders=None,
                          run=run_child) -> dict:
   """One size's train step, each contender in a process of its own per
   round, one at a time; the same result layout as ``train.bench_train``
   (plus ``isolated``, each row's ``pids`` and ``malloc_applied``).
 
-  ``contenders``: a subset of CONTENDERS (default: all that ``use_torch``
-  and ``flax_wmt`` allow; ``matmul`` is always timed). ``timing``:
-  ``min_round_s``, ``retries``, ``threshold``. ``run``: starts one child
-  (:func:`run_child`)."""
+  ``variants``: name -> ModelConfig changes, or a function of the config
+  returning them (``train.VARIANTS``, ``train.MODEL_VARIANTS``), timed as
+  contenders of their own. ``contenders``: a subset of CONTENDERS (default:
+  all that ``use_torch`` and ``flax_wmt`` allow; ``matmul`` is always
+  timed). ``timing``: ``min_round_s``, ``retries``, ``threshold``. ``run``:
+  starts one child (:func:`run_child`)."""
   import dataclasses  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from experiments.benchmark import common, load  # pylint: disable=g-import-not-at-top
   from xfmr_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   timing = dict(timing or {})
-  min_round_s = timing.get('min_round_s', common.MIN_ROUND_S)
+  min_round_s = timing.get('min_round_s', PROCESS_WINDOW_S)
   retries = timing.get('retries', load.MAX_RETRIES)
   threshold = timing.get('threshold', load.DISTURBED_LOAD)
-  names = ['matmul'] + [
-      c for c in (contenders or CONTENDERS) if c != 'matmul' and
-      (use_torch or c not in TORCH_CONTENDERS) and (flax_wmt or c != 'flax_wmt')]
+  spec = common.SIZES[size]
+  cfg = config_lib.ModelConfig(**spec['model'], dropout_rate=common.DROPOUT,
+                               attention_impl='reference')
+  changes = {name: {} for name in JAX_CONTENDERS}
+  changes.update({k: v(cfg) if callable(v) else dict(v)
+                  for k, v in (variants or {}).items()})
+  chosen = [c for c in (contenders or CONTENDERS) if c != 'matmul' and
+            (use_torch or c not in TORCH_CONTENDERS) and
+            (flax_wmt or c != 'flax_wmt')]
+  # Ours first, then the variants, then the yardsticks.
+  names = (['matmul'] + [c for c in chosen if c in JAX_CONTENDERS] +
+           list(variants or {}) + [c for c in chosen if c not in JAX_CONTENDERS])
   results = {n: [] for n in names}
   calls, unavailable, retried, disturbed_kept = {}, {}, 0, 0
   for r in range(rounds):
@@ -177,7 +198,8 @@ def bench_train_isolated(size: str, *, rounds: int, use_torch: bool,
                    'of its own ...')
         try:
           res = run(name, size, calls=calls.get(name),
-                    min_round_s=min_round_s, peak_n=peak_n)
+                    min_round_s=min_round_s, peak_n=peak_n,
+                    changes=changes.get(name))
         except (RuntimeError, subprocess.TimeoutExpired) as e:
           if name in ('main', 'matmul'):
             raise
@@ -199,9 +221,6 @@ def bench_train_isolated(size: str, *, rounds: int, use_torch: bool,
       fl = best['foreign_load']
       disturbed_kept += fl is not None and fl > threshold
       results[name].append(best)
-  spec = common.SIZES[size]
-  cfg = config_lib.ModelConfig(**spec['model'], dropout_rate=common.DROPOUT,
-                               attention_impl='reference')
   batch, length = spec['batch'], spec['length']
   flops = common.train_flops(cfg, batch, length, length)
   tokens = batch * length * 2   # source + target tokens per step
@@ -222,7 +241,9 @@ def bench_train_isolated(size: str, *, rounds: int, use_torch: bool,
   for name, rs in results.items():
     if rs:
       out['runs'][name] = _summary(rs, matmul, flops, tokens)
-  for ref in ('torch', 'torch_active', 'flax_wmt'):
+      if name in changes:
+        out['runs'][name]['model_changes'] = changes[name]
+  for ref in ('torch', 'torch_default', 'torch_active', 'flax_wmt'):
     if ref in out['runs']:
       # Per round, then the median: both ran in the same round.
       ref_s = np.array([x['seconds'] for x in results[ref]])
