@@ -379,3 +379,39 @@ def test_attention_maps(variant):
                              atol=1e-5)
   # No weight on padded source positions.
   assert np.all(cross * (src == 0)[None, :, None, None, :] == 0)
+
+
+def _cache_transposes(jaxpr, shapes, in_loop=False, found=None):
+  """Transposes, inside while loops, of an array of one of ``shapes``."""
+  found = [] if found is None else found
+  for eqn in jaxpr.eqns:
+    if in_loop and eqn.primitive.name == 'transpose' and \
+        eqn.invars[0].aval.shape in shapes:
+      found.append(eqn.invars[0].aval.shape)
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      _cache_transposes(sub, shapes, in_loop or eqn.primitive.name == 'while',
+                        found)
+  return found
+
+
+@pytest.mark.parametrize('impl', ['reference', 'xla'])
+def test_decoding_steps_read_the_heads_first_cache_without_transposing_it(
+    impl):
+  """Whatever the attention implementation, a cached step's attention reads
+  the [batch, kv_heads, slots, head_dim] cache as it lies."""
+  m, params = build('post', attention_impl=impl)
+  src = sources()
+  greedy = lambda p, x: decode.greedy_decode(m, p, x, max_decode_len=14)
+  heads, d = TINY['num_heads'], TINY['d_model'] // TINY['num_heads']
+  cache_shapes = ((4, heads, 14, d), (4, heads, 7, d))  # self, cross
+  jaxpr = jax.make_jaxpr(greedy)(params, src)
+  assert _cache_transposes(jaxpr.jaxpr, cache_shapes) == []
+  # The probe sees such a transpose where one is written.
+  probe = jax.make_jaxpr(lambda k: jax.lax.while_loop(
+      lambda c: c[1] < 2, lambda c: (c[0].transpose(0, 2, 1, 3).transpose(
+          0, 2, 1, 3), c[1] + 1), (k, 0)))(jnp.zeros(cache_shapes[0]))
+  assert len(_cache_transposes(probe.jaxpr, cache_shapes)) == 1
+  ref, ref_params = build('post')
+  np.testing.assert_array_equal(
+      greedy(params, src),
+      decode.greedy_decode(ref, ref_params, src, max_decode_len=14))

@@ -161,7 +161,9 @@ def resolve_implementation(name: str, backend: str | None = None) -> str:
   The hardware kernels, 'cudnn' and 'pallas', are chosen explicitly: they
   accept fewer shapes and dtypes, and ``experiments/gpu_check.sh`` compares
   them side by side first. An explicit choice the backend cannot run is an
-  error, never a silent fallback.
+  error, never a silent fallback. Decoding steps that read a KV cache use
+  'reference' whatever the choice (``layers.MultiHeadAttention``): its einsums
+  read the heads-first cache without transposing it.
   """
   backend = backend or jax.default_backend()
   if name == 'auto':

@@ -257,7 +257,12 @@ class MultiHeadAttention(nn.Module):
     if not deterministic and cfg.attention_dropout_rate > 0:
       dropout_rng = self.make_rng('dropout')
     impl = cfg.attention_impl
-    if impl == 'auto':
+    if cache is not None:
+      # A decoding step reads the heads-first cache: the einsum takes it as
+      # it lies, where the fused kernels (keys first) would transpose every
+      # layer's whole cache at every step, for a few queries.
+      impl = 'reference'
+    elif impl == 'auto':
       impl = ('reference' if dropout_rng is not None else
               attention.resolve_implementation('auto'))
     if impl == 'reference':
