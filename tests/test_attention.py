@@ -131,7 +131,7 @@ def test_cache_layout_matches_reference_and_the_other_layout(rng, lq,
 @pytest.mark.parametrize('batch,g', [(1, 4), (1, 2), (2, 4), (3, 3)])
 def test_grouped_beams_under_jit_match_reference(rng, batch, g):
   """A beam search's grouping: the g queries of a sentence attend over its
-  cache block [heads, g, slots, d], reshaped inside the jitted step (batch
+  cache block [heads, g * slots, d], a reshape inside the jitted step (batch
   of one sentence included, where an elementwise form of this once went
   wrong on XLA's CPU backend)."""
   slots, h, d = 14, 2, 16

@@ -9,7 +9,8 @@ A beam search over ``batch`` sentences with ``g`` beams each decodes ``batch
   beams' queries read it together (:func:`group_rows`): one read of the
   source per sentence, not per beam.
 * **The self-attention cache is append-only.** A sentence's beams share one
-  cache block ``[kv_heads, g, slots, head_dim]``; each beam writes its new
+  cache block ``[kv_heads, g * slots, head_dim]`` (their ``g`` parts of
+  ``slots`` in turn); each beam writes its new
   keys/values to its own part and slot, and a ``cached_beam`` table ``[rows,
   g, slots]`` (bool) says which of the sentence's ``g`` parts holds slot
   ``j`` of beam ``r``'s history. When a beam takes over another's
@@ -68,7 +69,7 @@ def expand(model, cache, g: int):
 
   Cross-attention stays per sentence. With full self-attention, each
   self-attention cache's keys and values ``[batch, kv_heads, slots, d]``
-  become the sentence's block ``[batch, kv_heads, g, slots, d]`` (every
+  become the sentence's block ``[batch, kv_heads, g * slots, d]`` (every
   beam's history starts as a copy of the sentence's, e.g. a prompt) and the
   cache gets ``cached_beam [batch * g, g, slots]`` (``[layers, ...]`` when
   scanned): every beam's history is in its own part. Other leaves (local or
@@ -77,15 +78,16 @@ def expand(model, cache, g: int):
   axis = batch_axis(model)
   full = model.config.attention_kind == 'full'
 
-  def table(key):  # key: [(layers,) batch, kv_heads, g, slots, head_dim]
-    rows, slots = key.shape[axis] * g, key.shape[-2]
+  def table(key):  # key: [(layers,) batch, kv_heads, g * slots, head_dim]
+    rows, slots = key.shape[axis] * g, key.shape[-2] // g
     own = (jnp.arange(rows) % g)[:, None, None] == jnp.arange(g)[:, None]
     return jnp.broadcast_to(own, key.shape[:axis] + (rows, g, slots))
 
   def beams(name, x):
     if full and name in ('cached_key', 'cached_value'):
       x = jnp.expand_dims(x, -3)
-      return jnp.broadcast_to(x, x.shape[:-3] + (g,) + x.shape[-2:])
+      x = jnp.broadcast_to(x, x.shape[:-3] + (g,) + x.shape[-2:])
+      return x.reshape(x.shape[:-3] + (-1, x.shape[-1]))
     return jnp.repeat(x, g, axis=axis)
   return _map_moving(cache, beams, table if full else None)
 

@@ -185,10 +185,13 @@ class MultiHeadAttention(nn.Module):
     beams): a sentence's beams read it together
     (:func:`beam_cache.group_rows`).
   * beam search keeps a sentence's ``g`` beams together in a ``'self'``
-    cache, ``[batch, kv_heads, g, cache_len, head_dim]``, with a
-    ``cached_beam`` table: each beam appends to its own part and the beams
-    read their histories through that table
+    cache, ``[batch, kv_heads, g * cache_len, head_dim]`` (the ``g`` beams'
+    parts in turn), with a ``cached_beam`` table: each beam appends to its
+    own part and the beams read their histories through that table
     (:func:`beam_cache.group_beams`) instead of copying each other's caches.
+    The block is kept merged, as the attention reads it: kept as ``[...,
+    g, cache_len, ...]`` and merged for each read, XLA's CPU backend wrote
+    it twice per step and copied it three times.
 
   ``kind`` 'local' or 'linear' (self-attention only; ``mask`` is then a
   :class:`~xfmr_jax.masks.SelfMask`) computes the attention in
@@ -297,16 +300,19 @@ class MultiHeadAttention(nn.Module):
     cached_value = self.variable('cache', 'cached_value', jnp.zeros, shape,
                                  v.dtype)
     slots = cached_key.value.shape[-2]
-    if cached_key.value.ndim == 5:  # beam search: [batch, heads, g, slots, d]
-      batch, _, g = cached_key.value.shape[:3]
-      new = lambda x: x.reshape(batch, g, length, heads, head_dim).transpose(
-          0, 3, 1, 2, 4)
-      start = (0, 0, 0, step, 0)
+    if self.has_variable('cache', 'cached_beam'):
+      # A beam search: [batch, heads, g * slots, d], each beam's part in turn.
+      g, slots = self.get_variable('cache', 'cached_beam').shape[-2:]
+      batch = rows // g
+      for var, x in ((cached_key, k), (cached_value, v)):
+        block = var.value.reshape(batch, heads, g, slots, head_dim)
+        x = x.reshape(batch, g, length, heads, head_dim).transpose(0, 3, 1, 2, 4)
+        block = jax.lax.dynamic_update_slice(block, x, (0, 0, 0, step, 0))
+        var.value = block.reshape(var.value.shape)
     else:
-      new = lambda x: x.transpose(0, 2, 1, 3)
-      start = (0, 0, step, 0)
-    for var, x in ((cached_key, k), (cached_value, v)):
-      var.value = jax.lax.dynamic_update_slice(var.value, new(x), start)
+      for var, x in ((cached_key, k), (cached_value, v)):
+        var.value = jax.lax.dynamic_update_slice(
+            var.value, x.transpose(0, 2, 1, 3), (0, 0, step, 0))
     key_positions = None
     if positions is not None and self.config.positional == 'alibi':
       cached_position = self.variable('cache', 'cached_position', jnp.zeros,
@@ -315,9 +321,7 @@ class MultiHeadAttention(nn.Module):
           cached_position.value, positions.astype(jnp.int32), (0, step))
       key_positions = cached_position.value
     mask = masks.cache_mask(step, length, slots)
-    merge = lambda x: x.reshape(x.shape[0], heads, -1, head_dim)
-    return (merge(cached_key.value), merge(cached_value.value), key_positions,
-            mask)
+    return cached_key.value, cached_value.value, key_positions, mask
 
   def _beam_group(self, q, mask, positions, key_positions, step):
     """:func:`beam_cache.group_beams` on this layer's ``cached_beam`` table."""
