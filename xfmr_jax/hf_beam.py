@@ -66,7 +66,7 @@ def _best_extensions(logits, alive_logp, n, forced):
     ``(logp [batch, n], parent [batch, n], token [batch, n])``, best first.
   """
   batch, k = alive_logp.shape
-  lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+  lse = decode.logsumexp(logits)
   values, tokens = jax.lax.top_k(decode._no_pad(logits), n)
   logp = values - lse                                       # [batch * k, n]
   first = jnp.arange(n) == 0
