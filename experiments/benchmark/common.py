@@ -226,7 +226,7 @@ class Timings(dict):
                                      default=None))
 
 
-def _timed(run, calls: int | None, min_s: float):
+def timed(run, calls: int | None, min_s: float):
   """Seconds of ``calls`` calls of ``run``; with ``calls=None``, as many as
   make up ``min_s`` (doubling batches). A runner with ``repeat(n)`` (a worker
   in another process) does a batch in one request. Returns (calls, seconds)."""
@@ -273,7 +273,7 @@ def interleave(runners: dict, rounds: int, settle_s: float = SETTLE_S, *,
       for name, run in runners.items():
         time.sleep(settle_s)
         stop = measure(pids)
-        n, elapsed = _timed(run, out.calls.get(name), min_round_s)
+        n, elapsed = timed(run, out.calls.get(name), min_round_s)
         loads[name] = stop()
         out.calls[name], secs[name] = n, elapsed / n
       worst = (None if any(x is None for x in loads.values())

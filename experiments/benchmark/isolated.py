@@ -79,12 +79,11 @@ def child(spec: dict) -> dict:
   run = _build(spec)
   time.sleep(common.SETTLE_S)
   stop = load.window()
-  calls, elapsed = common._timed(run, spec['calls'], spec['min_round_s'])  # pylint: disable=protected-access
+  calls, elapsed = common.timed(run, spec['calls'], spec['min_round_s'])
   out = dict(name=spec['name'], pid=os.getpid(), seconds=elapsed / calls,
              calls=calls, foreign_load=stop(), started=t_start,
              ended=time.time(),
              omp_wait_policy=os.environ.get('OMP_WAIT_POLICY'),
-             glibc_tunables=os.environ.get('GLIBC_TUNABLES'),
              first_step_s=getattr(run, 'first_step_s', None),
              compile_s=getattr(run, 'compile_s', None))
   if hasattr(run, 'memory'):
