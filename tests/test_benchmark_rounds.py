@@ -255,25 +255,23 @@ def test_isolated_contenders_run_alone_each_in_a_fresh_process():
 
   out = isolated.bench_train_isolated(
       'tiny', rounds=1, use_torch=True, peak_n=128, run=run,
-      contenders=('main', 'main_trainer_malloc', 'torch_active'),
-      variants={'no_bias': dict(use_bias=False)},
+      contenders=('main_trainer_malloc', 'torch_active'),
       timing=dict(min_round_s=0.05, retries=0))
   pids = [r['pid'] for r in results]
-  assert len(set(pids)) == 5 and os.getpid() not in pids
+  assert len(set(pids)) == 3 and os.getpid() not in pids
   spans = sorted((r['started'], r['ended']) for r in results)
   assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # one at a time
   runs = out['runs']
-  assert runs['main']['omp_wait_policy'] == 'PASSIVE'
+  # Each child got its own settings before it imported jax or torch.
+  assert runs['main_trainer_malloc']['omp_wait_policy'] == 'PASSIVE'
   assert runs['torch_active']['omp_wait_policy'] == \
       package.USER_OMP_WAIT_POLICY
-  assert runs['main']['malloc_applied'] is None
+  assert runs['torch_active']['malloc_applied'] is None
   if sys.platform.startswith('linux') and 'GLIBC_TUNABLES' not in os.environ:
     assert runs['main_trainer_malloc']['malloc_applied'] is True
   for row in runs.values():
     assert row['step_s'] > 0 and 0 < row['mfu'] < 2
-  assert runs['main']['compile_s'] > 0 and 'compile_s' not in \
-      runs['torch_active']
-  # The variant's step is the main model with its change: fewer parameters.
-  assert runs['no_bias']['model_changes'] == dict(use_bias=False)
-  assert runs['no_bias']['memory']['xla_step_bytes'] < \
-      runs['main']['memory']['xla_step_bytes']
+  assert runs['main_trainer_malloc']['compile_s'] > 0
+  assert runs['main_trainer_malloc']['memory']['xla_step_bytes'] > 0
+  assert 'compile_s' not in runs['torch_active']
+  assert out['ratio_vs_torch_active']['main_trainer_malloc'] > 0
