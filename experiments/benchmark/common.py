@@ -203,6 +203,20 @@ SETTLE_S = 0.1
 MIN_ROUND_S = 0.3
 
 
+# The rows every other train row is compared with.
+REFERENCES = ('torch', 'torch_default', 'torch_active', 'flax_wmt')
+
+
+def ratios_vs(seconds: dict, refs=REFERENCES) -> dict:
+  """``{'ratio_vs_<ref>': {name: median over rounds of ref / name}}`` for
+  each ``ref`` in ``seconds`` (name -> seconds per round, the same rounds):
+  per round, then the median, since both sides ran in the same round."""
+  return {f'ratio_vs_{ref}': {
+      name: float(np.median(np.array(seconds[ref]) / np.array(ts)))
+      for name, ts in seconds.items() if name != ref}
+          for ref in refs if ref in seconds}
+
+
 class Timings(dict):
   """``interleave``'s result: name -> seconds per call, one per kept round.
 

@@ -150,6 +150,22 @@ def _summary(results, matmul, flops, tokens) -> dict:
   return row
 
 
+def _least_disturbed(start, retries: int, threshold: float):
+  """``start()`` (one child's result) until its window's foreign load is at
+  most ``threshold``, at most ``retries`` more times; the least disturbed
+  result and how many times it was run again."""
+  best = None
+  for attempt in range(retries + 1):
+    res = start()
+    load = res['foreign_load']
+    if best is None or (load is not None and best['foreign_load'] is not None
+                        and load < best['foreign_load']):
+      best = res
+    if load is None or load <= threshold:
+      return best, attempt
+  return best, retries
+
+
 def bench_train_isolated(size: str, *, rounds: int, use_torch: bool,
                          peak_n: int, variants=None, flax_wmt: bool = True,
                          timing: dict | None = None, contenders=None,
@@ -185,70 +201,49 @@ def bench_train_isolated(size: str, *, rounds: int, use_torch: bool,
   names = (['matmul'] + [c for c in chosen if c in JAX_CONTENDERS] +
            list(variants or {}) + [c for c in chosen if c not in JAX_CONTENDERS])
   results = {n: [] for n in names}
-  calls, unavailable, retried, disturbed_kept = {}, {}, 0, 0
+  calls, unavailable, retried = {}, {}, 0
   for r in range(rounds):
     k = r % len(names)  # rotate the order: no contender always goes first
-    for name in names[k:] + names[:k]:
-      if name in unavailable:
+    for name in [n for n in names[k:] + names[:k] if n not in unavailable]:
+      common.log(f'[{size}] round {r + 1}/{rounds}: {name}, in a process of '
+                 'its own ...')
+      start = lambda name=name: run(
+          name, size, calls=calls.get(name), min_round_s=min_round_s,
+          peak_n=peak_n, changes=changes.get(name))
+      try:
+        best, again = _least_disturbed(start, retries, threshold)
+      except (RuntimeError, subprocess.TimeoutExpired) as e:
+        if name in ('main', 'matmul'):
+          raise
+        unavailable[name] = f'{type(e).__name__}: {str(e)[-200:]}'
+        del results[name]  # its rounds so far have no partner
+        common.log(f'[{size}] {name} unavailable: {unavailable[name]}')
         continue
-      best = None
-      for attempt in range(retries + 1):
-        common.log(f'[{size}] round {r + 1}/{rounds}: {name}, in a process '
-                   'of its own ...')
-        try:
-          res = run(name, size, calls=calls.get(name),
-                    min_round_s=min_round_s, peak_n=peak_n,
-                    changes=changes.get(name))
-        except (RuntimeError, subprocess.TimeoutExpired) as e:
-          if name in ('main', 'matmul'):
-            raise
-          unavailable[name] = f'{type(e).__name__}: {str(e)[-200:]}'
-          results[name].clear()  # its rounds so far have no partner
-          common.log(f'[{size}] {name} unavailable: {unavailable[name]}')
-          break
-        calls.setdefault(name, res['calls'])
-        fl = res['foreign_load']
-        if best is None or (fl is not None and best['foreign_load'] is not None
-                            and fl < best['foreign_load']):
-          best = res
-        if fl is None or fl <= threshold:
-          break
-        if attempt < retries:
-          retried += 1
-      if name in unavailable:
-        continue
-      fl = best['foreign_load']
-      disturbed_kept += fl is not None and fl > threshold
+      calls.setdefault(name, best['calls'])
+      retried += again
       results[name].append(best)
+  times = common.Timings({n: [x['seconds'] for x in rs]
+                          for n, rs in results.items()})
+  times.load = {n: [x['foreign_load'] for x in rs] for n, rs in results.items()}
+  times.threshold, times.retried = threshold, retried
+  times.disturbed_kept = sum(x is not None and x > threshold
+                             for ls in times.load.values() for x in ls)
   batch, length = spec['batch'], spec['length']
   flops = common.train_flops(cfg, batch, length, length)
   tokens = batch * length * 2   # source + target tokens per step
   matmul = results.pop('matmul')
-  loads = [x['foreign_load'] for rs in results.values() for x in rs] + [
-      m['foreign_load'] for m in matmul]
-  measured = all(x is not None for x in loads)
   out = dict(size=size, batch=batch, length=length, tokens_per_step=tokens,
              model=dataclasses.asdict(cfg), model_flops_per_step=flops,
              matmul_n=peak_n, rounds=rounds, isolated=True,
              matmul_peak_flops=float(np.median(
                  [m['flops'] / m['seconds'] for m in matmul])),
-             runs={}, unavailable=unavailable,
-             load=dict(rounds=rounds, measured=measured, threshold=threshold,
-                       retried=retried, disturbed_kept=disturbed_kept,
-                       max_foreign_load=max(loads) if measured and loads
-                       else None))
+             runs={}, unavailable=unavailable, load=times.rounds_info())
   for name, rs in results.items():
-    if rs:
-      out['runs'][name] = _summary(rs, matmul, flops, tokens)
-      if name in changes:
-        out['runs'][name]['model_changes'] = changes[name]
-  for ref in ('torch', 'torch_default', 'torch_active', 'flax_wmt'):
-    if ref in out['runs']:
-      # Per round, then the median: both ran in the same round.
-      ref_s = np.array([x['seconds'] for x in results[ref]])
-      out[f'ratio_vs_{ref}'] = {
-          name: float(np.median(ref_s / np.array([x['seconds'] for x in rs])))
-          for name, rs in results.items() if name != ref and rs}
+    out['runs'][name] = _summary(rs, matmul, flops, tokens)
+    if name in changes:
+      out['runs'][name]['model_changes'] = changes[name]
+  del times['matmul']
+  out.update(common.ratios_vs(times))
   return out
 
 

@@ -21,7 +21,8 @@ import numpy as np
 
 from experiments.benchmark.common import (DROPOUT, LABEL_SMOOTHING, SIZES,
                                           CompiledStep, MatmulPeak, interleave,
-                                          log, random_batch, train_flops)
+                                          log, random_batch, ratios_vs,
+                                          train_flops)
 from experiments.benchmark.flax_wmt import FlaxWmtTrain
 from experiments.benchmark.torch_reference import TorchTrain
 from experiments.benchmark.torch_worker import TorchTrainWorker
@@ -149,10 +150,5 @@ def bench_train(size: str, *, rounds: int, variants, use_torch: bool,
       row['model_changes'] = {k: v for k, v in dataclasses.asdict(
           configs[name]).items() if getattr(cfg, k) != v}
     out['runs'][name] = row
-  for ref in ('torch', 'torch_default', 'torch_active', 'flax_wmt'):
-    if ref in out['runs']:
-      # Per round, then the median: both sides of a ratio ran back to back.
-      out[f'ratio_vs_{ref}'] = {
-          name: float(np.median(np.array(times[ref]) / np.array(ts)))
-          for name, ts in times.items() if name != ref}
+  out.update(ratios_vs(times))
   return out
