@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from xfmr_jax import beam_cache, blocks, config, decode, model, token_ids
+from xfmr_jax import top_k as topk
 
 EOS = token_ids.EOS
 TINY = dict(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=2,
@@ -250,6 +251,27 @@ def test_beam_scores_and_batching():
   # Alone (one sentence: one cached cross-attention row for all its beams).
   alone, _ = decode.beam_search(m, params, src[:1], max_decode_len=14)
   np.testing.assert_array_equal(alone[0], tokens[0])
+
+
+def test_blocked_top_k_gives_the_same_outputs(monkeypatch):
+  """Beam search and top-k sampling rank the vocabulary with top_k.top_k.
+  Made to take its blocked path at this small vocabulary, they return what
+  one scan of each row (lax.top_k) gives."""
+  m, params = build('post', vocab_size=67)
+  src = sources(vocab=67)
+
+  def run(min_blocks):
+    monkeypatch.setattr(topk, 'MIN_BLOCKS_PER_K', min_blocks)
+    jax.clear_caches()  # the constant is read while tracing
+    tokens, scores = decode.beam_search(m, params, src, max_decode_len=14)
+    sampled = decode.sample(m, params, src, jax.random.key(3), top_k=5,
+                            max_decode_len=14)
+    return [np.asarray(x) for x in (tokens, scores, sampled)]
+
+  scanned, blocked = run(10**9), run(1)
+  for want, got in zip(scanned, blocked):
+    np.testing.assert_array_equal(got, want)
+  assert len(set(scanned[0][:, 0])) > 1 and (scanned[2] != scanned[0]).any()
 
 
 @pytest.mark.parametrize('variant,changes', [

@@ -26,6 +26,7 @@ transformers = pytest.importorskip(
 from tests.marian_fixture import make_hf_dir  # noqa: E402
 from xfmr_jax import config as config_lib  # noqa: E402
 from xfmr_jax import decode, hf_beam, marian, model as model_lib  # noqa: E402
+from xfmr_jax import top_k as topk  # noqa: E402
 from xfmr_jax.marian_tokenizer import MarianTokenizer  # noqa: E402
 from xfmr_jax.token_ids import EOS, PAD  # noqa: E402
 
@@ -105,7 +106,7 @@ def test_greedy_matches_generate(hf):
 
 
 @pytest.mark.parametrize('max_new', [6, 25])
-def test_beam_search_matches_generate(hf, max_new):
+def test_beam_search_matches_generate(hf, max_new, monkeypatch):
   batch, inputs = hf_batch(hf, SOURCES)
   with torch.no_grad():
     out = hf['model'].generate(**batch, num_beams=4, do_sample=False,
@@ -113,14 +114,20 @@ def test_beam_search_matches_generate(hf, max_new):
                                early_stopping=False, output_scores=True,
                                return_dict_in_generate=True)
   seqs = out.sequences.numpy()[:, 1:]
-  tokens, scores = hf_beam.beam_search(hf['ours'], hf['params'], inputs,
-                                       beam_size=4, alpha=1.0,
-                                       max_decode_len=max_new)
   want = to_ours(hf, seqs)
   want[seqs == hf['pad']] = PAD
-  np.testing.assert_array_equal(np.asarray(tokens)[:, :want.shape[1]], want)
-  np.testing.assert_allclose(np.asarray(scores), out.sequences_scores.numpy(),
-                             atol=1e-4)
+  # As shipped (this small vocabulary is ranked in one scan), then with the
+  # vocabulary ranked block by block, as large vocabularies are (top_k.py).
+  for min_blocks in (topk.MIN_BLOCKS_PER_K, 1):
+    monkeypatch.setattr(topk, 'MIN_BLOCKS_PER_K', min_blocks)
+    jax.clear_caches()  # the constant is read while tracing
+    tokens, scores = hf_beam.beam_search(hf['ours'], hf['params'], inputs,
+                                         beam_size=4, alpha=1.0,
+                                         max_decode_len=max_new)
+    np.testing.assert_array_equal(np.asarray(tokens)[:, :want.shape[1]],
+                                  want)
+    np.testing.assert_allclose(np.asarray(scores),
+                               out.sequences_scores.numpy(), atol=1e-4)
 
 
 def test_import_translate_and_finetune_end_to_end(hf, tmp_path):

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from xfmr_jax import beam_cache
+from xfmr_jax import top_k as topk
 from xfmr_jax.blocks import shift_right
 from xfmr_jax.token_ids import EOS, PAD
 
@@ -211,7 +212,7 @@ def _filter_logits(logits, temperature, top_k, top_p):
   """
   logits = logits / temperature
   if top_k:
-    kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+    kth = topk.top_k(logits, top_k)[0][..., -1:]
     logits = jnp.where(logits < kth, -jnp.inf, logits)
   if top_p < 1.0:
     sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
@@ -275,7 +276,7 @@ def _beam_update(beams, log_probs, t, alpha):
   """
   batch, k, vocab = log_probs.shape
   candidates = (beams['alive_logp'][..., None] + log_probs).reshape(batch, -1)
-  logp, index = jax.lax.top_k(candidates, k)
+  logp, index = topk.top_k(candidates, k)
   parent, token = index // vocab, index % vocab
   seqs = jnp.take_along_axis(beams['alive_seqs'], parent[..., None], axis=1)
   seqs = seqs.at[:, :, t].set(token)
