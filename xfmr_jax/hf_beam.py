@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 
 from xfmr_jax import beam_cache, decode
+from xfmr_jax import top_k as topk
 from xfmr_jax.token_ids import EOS, PAD
-from xfmr_jax.top_k import top_k
 
 _OFF = -1.0e9  # generate's "impossible" score offset
 
@@ -68,7 +68,7 @@ def _best_extensions(logits, alive_logp, n, forced):
   """
   batch, k = alive_logp.shape
   lse = decode.logsumexp(logits)
-  values, tokens = top_k(decode._no_pad(logits), n)
+  values, tokens = topk.top_k(decode._no_pad(logits), n)
   logp = values - lse                                       # [batch * k, n]
   first = jnp.arange(n) == 0
   logp = jnp.where(forced, jnp.where(first, 0.0, -jnp.inf), logp)
