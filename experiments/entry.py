@@ -32,17 +32,24 @@ def fail(message: str, code: int = BAD_INPUT):
   # A run that failed part-way (a full disk) leaves writer threads behind
   # that go on printing (tracebacks of callbacks that find their event loop
   # closed), and a progress bar or one of those prints may have left half a
-  # line. Silence them first, so that the last line is this one, on its own.
+  # line. Point the stderr descriptor itself at /dev/null first: a thread
+  # that already holds the old stream object then writes nowhere, and the
+  # last line is this one, on its own (written through a saved duplicate).
   stderr = sys.stderr
-  sys.stderr = open(os.devnull, 'w')
   logging.disable(logging.CRITICAL)
-  sys.stdout.flush()
-  stderr.flush()
+  for stream in (sys.stdout, stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):
+      pass
   try:
     fd = stderr.fileno()
   except (AttributeError, OSError, ValueError):  # a replaced stream
     fd = 2
-  os.write(fd, f'\nerror: {message}\n'.encode())
+  saved = os.dup(fd)
+  os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+  sys.stderr = open(os.devnull, 'w')
+  os.write(saved, f'\nerror: {message}\n'.encode())
   os._exit(code)  # their teardown would print screens more
 
 
