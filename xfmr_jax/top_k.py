@@ -60,7 +60,12 @@ def top_k(x: jnp.ndarray, k: int) -> tuple[jnp.ndarray, jnp.ndarray]:
   rows = x.reshape(-1, length)
   n = rows.shape[0]
   whole = blocks * b
-  maxima = jnp.max(rows[:, :whole].reshape(n, blocks, b), axis=-1)
+  # A window reduction rather than a max over rows[:, :whole] reshaped to
+  # blocks: XLA's CPU backend wrote that slice out first (8 ms of a Marian
+  # step), while the window reads the row where it lies (in a loop over 256
+  # x 57,984 scores made by an elementwise op: 1.5 against 17 ms).
+  maxima = jax.lax.reduce_window(rows, jnp.array(-jnp.inf, rows.dtype),
+                                 jax.lax.max, (1, b), (1, b), 'VALID')
   if whole < length:  # the short last block
     tail = jnp.max(rows[:, whole:], axis=-1, keepdims=True)
     maxima = jnp.concatenate([maxima, tail], axis=1)
