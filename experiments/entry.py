@@ -46,8 +46,11 @@ def fail(message: str, code: int = BAD_INPUT):
     fd = stderr.fileno()
   except (AttributeError, OSError, ValueError):  # a replaced stream
     fd = 2
-  saved = os.dup(fd)
-  os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+  try:
+    saved = os.dup(fd)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+  except OSError:  # no descriptor to silence: write to it as it is
+    saved = fd
   sys.stderr = open(os.devnull, 'w')
   os.write(saved, f'\nerror: {message}\n'.encode())
   os._exit(code)  # their teardown would print screens more
