@@ -453,3 +453,7 @@ def test_logsumexp_matches_float64_and_keeps_masked_rows():
     want = m + np.log(np.exp(x64[:4] - m).sum(-1, keepdims=True))
   np.testing.assert_allclose(got[:4], want, rtol=1e-6)
   assert got[4, 0] == -np.inf
+  # Given the row maximum (as a beam step knows it from its top-k).
+  given = np.asarray(jax.jit(decode.logsumexp)(
+      jnp.asarray(x), jnp.asarray(x.max(-1, keepdims=True))))
+  np.testing.assert_array_equal(given, got)
