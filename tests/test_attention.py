@@ -144,3 +144,49 @@ def test_grouped_beams_under_jit_match_reference(rng, batch, g):
   as_bkhd = lambda x: np.asarray(group(x)).transpose(0, 2, 1, 3)
   ref = reference.masked_attention(q, as_bkhd(k), as_bkhd(v), mask)
   assert reference.rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize('parts', [1, 4])
+def test_filled_cache_attention_reads_only_up_to_the_bound(rng, parts,
+                                                          monkeypatch):
+  """A decoding cache read up to the chunk bound at or above ``filled``:
+  the slots past that bound hold NaN and the result is still the float64
+  attention over the filled slots alone, at every bound (a traced ``filled``
+  goes through the ``lax.switch``, a Python int picks its branch), with
+  grouped KV heads and a per-head bias."""
+  monkeypatch.setattr(attention, 'MIN_CHUNK_BYTES', 0)  # a small cache too
+  batch, n, h, kvh, d, slots = 2, 3, 4, 2, 8, 64
+  chunk = max(attention.MIN_CACHE_CHUNK, -(-slots // attention.CACHE_BOUNDS))
+  assert slots // chunk > 1  # several branches
+  q = rng.standard_normal((batch, parts * n, h, d)).astype(np.float32)
+  # [batch, kv_heads, parts * slots, d]: each part's slots in turn
+  k, v = rng.standard_normal((2, batch, kvh, parts * slots, d)).astype(
+      np.float32)
+  bias = rng.standard_normal((1, h, parts * n, parts * slots)).astype(
+      np.float32)
+  run = jax.jit(lambda k, v, mask, filled: attention.filled_cache_attention(
+      q, k, v, mask, bias, filled=filled, parts=parts))
+  slot = np.arange(parts * slots) % slots
+  for filled in (1, chunk - 1, chunk, chunk + 1, slots - 1, slots):
+    bound = -(-filled // chunk) * chunk
+    kn, vn = k.copy(), v.copy()
+    kn[:, :, slot >= bound], vn[:, :, slot >= bound] = np.nan, np.nan
+    mask = rng.random((batch, 1, parts * n, parts * slots)) < 0.6
+    mask[..., 0] = True
+    mask[..., slot >= filled] = False  # the caller hides the empty slots
+    outs = [run(kn, vn, mask, filled),
+            attention.filled_cache_attention(q, kn, vn, mask, bias,
+                                             filled=filled, parts=parts)]
+    # float64, over the filled slots only
+    idx = np.flatnonzero(slot < filled)
+    group = h // kvh
+    kf = np.repeat(k[:, :, idx].astype(np.float64), group, axis=1)
+    vf = np.repeat(v[:, :, idx].astype(np.float64), group, axis=1)
+    scores = (np.einsum('bqhd,bhkd->bhqk', q.astype(np.float64), kf) /
+              np.sqrt(d) + bias[..., idx])
+    scores = np.where(mask[..., idx], scores, -np.inf)
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    ref = np.einsum('bhqk,bhkd->bqhd', w / w.sum(-1, keepdims=True), vf)
+    for out in outs:
+      assert np.all(np.isfinite(out)), filled
+      assert reference.rel_err(out, ref) < 1e-5, filled

@@ -274,6 +274,40 @@ def test_blocked_top_k_gives_the_same_outputs(monkeypatch):
   assert len(set(scanned[0][:, 0])) > 1 and (scanned[2] != scanned[0]).any()
 
 
+def test_reading_only_the_filled_cache_slots_changes_no_output(monkeypatch):
+  """With the cache read up to the chunk bound at or above the filled slots
+  (a lax.switch per step), every decoder gives what reading the whole cache
+  gives: greedy, both beam searches (the beams' parts of a shared block),
+  sampling and the cached teacher-forced logits, under ALiBi (cached key
+  positions, cut as the keys are) and with one shared KV head."""
+  from xfmr_jax import attention, hf_beam
+  src = sources()
+  targets = np.random.default_rng(2).integers(2, 17, (4, 14)).astype(np.int32)
+
+  def run(m, params, min_bytes):
+    monkeypatch.setattr(attention, 'MIN_CHUNK_BYTES', min_bytes)
+    monkeypatch.setattr(attention, 'MIN_CACHE_CHUNK', 4)  # 14 slots: 4 bounds
+    jax.clear_caches()  # the constants are read while tracing
+    outs = [decode.greedy_decode(m, params, src, max_decode_len=14),
+            *decode.beam_search(m, params, src, max_decode_len=14),
+            *hf_beam.beam_search(m, params, src, max_decode_len=14),
+            decode.sample(m, params, src, jax.random.key(1),
+                          max_decode_len=14),
+            decode.cached_logits(m, params, src, targets)]
+    return [np.asarray(x) for x in outs]
+
+  for variant, changes in (('post', {}), ('pre_scan', dict(
+      positional='alibi', num_kv_heads=1))):
+    m, params = build(variant, **changes)
+    whole, filled = run(m, params, 10**12), run(m, params, 0)
+    for want, got in zip(whole, filled):
+      if want.dtype == np.int32:
+        np.testing.assert_array_equal(got, want)
+      else:
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert len(np.unique(whole[0])) > 3
+
+
 @pytest.mark.parametrize('variant,changes', [
     ('pre_scan', {}), ('post', dict(positional='alibi')),
     ('post', dict(positional='rope', num_kv_heads=1))])

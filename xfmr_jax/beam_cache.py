@@ -15,8 +15,8 @@ A beam search over ``batch`` sentences with ``g`` beams each decodes ``batch
   g, slots]`` (bool) says which of the sentence's ``g`` parts holds slot
   ``j`` of beam ``r``'s history. When a beam takes over another's
   hypothesis, only its table row is copied (:func:`reorder`), and the
-  sentence's beams attend together over the whole block under the table
-  (:func:`group_beams`): no gather and no transpose of the cache. Copying
+  sentence's beams attend together over the block's filled slots under the
+  table (:func:`group_beams`): no gather and no transpose of the cache. Copying
   every layer's keys and values from the parent beam instead took a quarter
   of a beam step.
 

@@ -176,7 +176,9 @@ class MultiHeadAttention(nn.Module):
     ``cached_value`` ``[batch, kv_heads, cache_len, head_dim]`` (keys already
     rotated under RoPE; under ALiBi also ``cached_position`` ``[batch,
     cache_len]``). The ``q`` new tokens are written at cache slots ``step ..
-    step + q - 1`` and each attends to the slots up to its own.
+    step + q - 1`` and each attends to the slots up to its own; a large
+    cache is read only up to its filled slots
+    (:func:`attention.filled_cache_attention`).
   * ``cache='cross'``: the keys and values of ``inputs_kv`` (the encoder output)
     are computed when it is given and stored in ``cached_key``/``cached_value``
     ``[batch, kv_heads, source_length, head_dim]``; with ``inputs_kv=None``
@@ -220,6 +222,7 @@ class MultiHeadAttention(nn.Module):
     key_positions = positions
     rows = q.shape[0]
     kv_layout = 'bkhd' if cache is None else 'bhkd'
+    parts = 1  # a self-attention cache's parts: a beam search's beams, or one
     if cache == 'cross' and inputs_kv is None:
       # Later decoding steps: the encoder's keys/values were cached once.
       k = self.get_variable('cache', 'cached_key')
@@ -251,6 +254,7 @@ class MultiHeadAttention(nn.Module):
             k, v, positions if relative else None, cache_len, step)
         mask = cache_mask if mask is None else mask & cache_mask
         if self.has_variable('cache', 'cached_beam'):
+          parts = self.get_variable('cache', 'cached_beam').shape[-2]
           q, mask, positions, key_positions = self._beam_group(
               q, mask, positions, key_positions, step)
     bias = None
@@ -268,7 +272,10 @@ class MultiHeadAttention(nn.Module):
     elif impl == 'auto':
       impl = ('reference' if dropout_rng is not None else
               attention.resolve_implementation('auto'))
-    if impl == 'reference':
+    if cache == 'self' and dropout_rng is None:
+      out = attention.filled_cache_attention(
+          q, k, v, mask, bias, filled=step + inputs_q.shape[1], parts=parts)
+    elif impl == 'reference':
       out, weights = attention.dot_product_attention(
           q, k, v, mask, bias, dropout_rate=cfg.attention_dropout_rate,
           dropout_rng=dropout_rng, return_weights=True, kv_layout=kv_layout)
@@ -304,11 +311,14 @@ class MultiHeadAttention(nn.Module):
       # A beam search: [batch, heads, g * slots, d], each beam's part in turn.
       g, slots = self.get_variable('cache', 'cached_beam').shape[-2:]
       batch = rows // g
+      # One in-place update per part: updated through a [..., g, slots, ...]
+      # view, the block made XLA's CPU backend copy it whole at every step
+      # once the attention reads it in a lax.switch.
       for var, x in ((cached_key, k), (cached_value, v)):
-        block = var.value.reshape(batch, heads, g, slots, head_dim)
-        x = x.reshape(batch, g, length, heads, head_dim).transpose(0, 3, 1, 2, 4)
-        block = jax.lax.dynamic_update_slice(block, x, (0, 0, 0, step, 0))
-        var.value = block.reshape(var.value.shape)
+        x = x.reshape(batch, g, length, heads, head_dim).transpose(0, 1, 3, 2, 4)
+        for part in range(g):
+          var.value = jax.lax.dynamic_update_slice(
+              var.value, x[:, part], (0, 0, part * slots + step, 0))
     else:
       for var, x in ((cached_key, k), (cached_value, v)):
         var.value = jax.lax.dynamic_update_slice(
