@@ -276,6 +276,33 @@ def test_decode_under_a_mesh_gives_the_same_tokens(single_device):
   np.testing.assert_array_equal(np.asarray(beam), np.asarray(want_beam))
 
 
+def test_decode_under_a_mesh_reading_the_filled_slots(single_device,
+                                                      monkeypatch):
+  """The cache read up to its filled slots (a lax.switch per step, here
+  forced on at this small size) under a mesh: the same tokens as one
+  device reading the whole cache."""
+  from xfmr_jax import attention
+  model, _ = model_and_optimizer()
+  params = single_device[0].params
+  inputs = batches(1, seed=2)[0]['inputs']
+  want = [np.asarray(decode.greedy_decode(model, params, inputs,
+                                          max_decode_len=12)),
+          np.asarray(decode.beam_search(model, params, inputs, beam_size=2,
+                                        max_decode_len=12)[0])]
+  monkeypatch.setattr(attention, 'MIN_CHUNK_BYTES', 0)
+  monkeypatch.setattr(attention, 'MIN_CACHE_CHUNK', 4)  # 12 slots: 3 bounds
+  jax.clear_caches()  # the constants are read while tracing
+  mesh, shardings, _ = steps_for((1, 4, 2))
+  sharded = jax.device_put(params, shardings.params)
+  with sharding.use(mesh):
+    got = [np.asarray(decode.greedy_decode(model, sharded, inputs,
+                                           max_decode_len=12)),
+           np.asarray(decode.beam_search(model, sharded, inputs, beam_size=2,
+                                         max_decode_len=12)[0])]
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(g, w)
+
+
 # --------------------------------------------------------------- variants --
 
 VARIANTS = {
