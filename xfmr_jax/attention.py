@@ -122,9 +122,13 @@ def _few_query_attention(query, key, value, mask, bias, dropout_rate,
 # it (beam search and greedy decoding at the benchmark's toy and small
 # sizes, chunks of 0.26 MB, ran up to 5% slower with branches; a Marian
 # batch, chunks of 8 MB, ran 3-5% faster).
+# Only on CPU, where it was measured: XLA's GPU runtime picks a branch by
+# reading its index back to the host, a wait per layer and step, so other
+# backends read the whole cache.
 CACHE_BOUNDS = 8
 MIN_CACHE_CHUNK = 16
 MIN_CHUNK_BYTES = 1 << 20
+FILLED_CACHE_BACKENDS = ('cpu',)
 
 
 def _first_slots(x, axis, parts, bound):
@@ -154,8 +158,9 @@ def filled_cache_attention(query, key, value, mask=None, bias=None, *,
   CACHE_BOUNDS``, at least ``MIN_CACHE_CHUNK``) not below ``filled``:
   shapes are static, so there is one branch per bound (``lax.switch``).
   Over 64 steps of a 64-slot cache this reads 40 slots a step on average.
-  A small cache (a chunk under ``MIN_CHUNK_BYTES``), or one of a size not
-  known when traced, is read whole.
+  A small cache (a chunk under ``MIN_CHUNK_BYTES``), one of a size not
+  known when traced, or one on a backend not in ``FILLED_CACHE_BACKENDS``
+  is read whole.
 
   Args:
     query: ``[batch, q, heads, head_dim]``; key, value: ``[batch, kv_heads,
@@ -172,7 +177,8 @@ def filled_cache_attention(query, key, value, mask=None, bias=None, *,
   bounds = list(range(chunk, slots, chunk)) + [slots]
   chunk_bytes = key.size // slots * chunk * key.dtype.itemsize
   # (symbolic under jax.export, where the batch is left open: read whole)
-  if not isinstance(chunk_bytes, int) or chunk_bytes < MIN_CHUNK_BYTES:
+  if (not isinstance(chunk_bytes, int) or chunk_bytes < MIN_CHUNK_BYTES or
+      jax.default_backend() not in FILLED_CACHE_BACKENDS):
     bounds = [slots]
 
   def attend(bound):
