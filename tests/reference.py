@@ -36,14 +36,17 @@ def rel_err(a, b):
   return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
 
 
-def masked_attention(q, k, v, mask):
+def masked_attention(q, k, v, mask, bias=None):
   """:func:`attention` with rows that see no key set to 0 (not NaN).
-  k/v may have fewer heads than q (each serves a group of query heads)."""
+  k/v may have fewer heads than q (each serves a group of query heads);
+  ``bias`` (broadcastable to ``[b, h, q, k]``) is added to the scores."""
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
   group = q.shape[2] // k.shape[2]
   k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
   mask = np.broadcast_to(mask, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
   scores = np.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(q.shape[-1])
+  if bias is not None:
+    scores = scores + np.asarray(bias, np.float64)
   scores = np.where(mask, scores, -np.inf)
   top = np.max(scores, -1, keepdims=True)
   w = np.where(mask, np.exp(scores - np.where(np.isfinite(top), top, 0)), 0)

@@ -179,14 +179,9 @@ def test_filled_cache_attention_reads_only_up_to_the_bound(rng, parts,
                                              filled=filled, parts=parts)]
     # float64, over the filled slots only
     idx = np.flatnonzero(slot < filled)
-    group = h // kvh
-    kf = np.repeat(k[:, :, idx].astype(np.float64), group, axis=1)
-    vf = np.repeat(v[:, :, idx].astype(np.float64), group, axis=1)
-    scores = (np.einsum('bqhd,bhkd->bhqk', q.astype(np.float64), kf) /
-              np.sqrt(d) + bias[..., idx])
-    scores = np.where(mask[..., idx], scores, -np.inf)
-    w = np.exp(scores - scores.max(-1, keepdims=True))
-    ref = np.einsum('bhqk,bhkd->bqhd', w / w.sum(-1, keepdims=True), vf)
+    filled_only = lambda x: x[:, :, idx].transpose(0, 2, 1, 3)  # 'bkhd'
+    ref = reference.masked_attention(q, filled_only(k), filled_only(v),
+                                     mask[..., idx], bias[..., idx])
     for out in outs:
       assert np.all(np.isfinite(out)), filled
       assert reference.rel_err(out, ref) < 1e-5, filled

@@ -190,10 +190,11 @@ def filled_cache_attention(query, key, value, mask=None, bias=None, *,
     return branch
 
   operands = (query, key, value, mask, bias)
-  if isinstance(filled, int) or len(bounds) == 1:
-    bound = slots if len(bounds) == 1 else bounds[
-        min(max(filled - 1, 0) // chunk, len(bounds) - 1)]
-    return attend(bound)(*operands)
+  if len(bounds) == 1:
+    return attend(slots)(*operands)
+  if isinstance(filled, int):  # known when traced: its branch alone
+    return attend(bounds[min(max(filled - 1, 0) // chunk,
+                             len(bounds) - 1)])(*operands)
   index = jnp.clip((filled - 1) // chunk, 0, len(bounds) - 1)
   return jax.lax.switch(index, [attend(b) for b in bounds], *operands)
 
