@@ -202,6 +202,31 @@ def test_benchmark_quick_runs_both_sides(tmp_path):
   assert res['speedup'] > 0 and (tmp_path / 'b.json').exists()
 
 
+@pytest.mark.parametrize('user_policy', [None, 'ACTIVE'])
+def test_benchmark_gives_transformers_the_users_openmp_policy(user_policy):
+  """The package sets PASSIVE for its shared train rounds; the Marian
+  benchmark puts the user's setting back before torch (and OpenMP) load,
+  and says which policy transformers ran under."""
+  env = {k: v for k, v in os.environ.items() if k != 'OMP_WAIT_POLICY'}
+  if user_policy:
+    env['OMP_WAIT_POLICY'] = user_policy
+  code = ('import os, sys\n'
+          'from experiments.benchmark import marian\n'
+          'assert os.environ["OMP_WAIT_POLICY"] == '
+          f'{user_policy or "PASSIVE"!r}\n'
+          'print(marian._user_omp_policy())\n'
+          'print(os.environ.get("OMP_WAIT_POLICY"))\n'
+          'import torch\n'
+          'print(marian._user_omp_policy())\n')
+  out = subprocess.run([sys.executable, '-c', code], env=env, text=True,
+                       capture_output=True, check=True,
+                       cwd=os.path.dirname(os.path.dirname(__file__)))
+  said, in_env, after_import = out.stdout.splitlines()[-3:]
+  assert said == (user_policy or "OpenMP's default")
+  assert in_env == str(user_policy)
+  assert after_import.startswith('as set when torch was first imported')
+
+
 # ------------------------------------------------------------ bad input --
 
 def _copy(hf, tmp_path):
