@@ -26,7 +26,8 @@ decoders run in this process:
   ``torch_active`` is the same step as ``torch`` in a child process that
   imported torch under the user's policy (by default none: OpenMP spins a
   while before sleeping), driven round by round from here (``torch_worker``),
-  and the report prints our step's ratio to it too;
+  and the report prints our step's ratio to it too (``marian`` likewise
+  gives transformers the user's policy);
 * the yardstick ``flax_wmt``: google/flax ``examples/wmt``'s Linen model
   (pre-LN, shared embedding, ``nn.MultiHeadDotProductAttention``) and train
   step (one-hot label smoothing, ``optax.adamw``, donated state), re-written

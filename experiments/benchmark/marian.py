@@ -30,11 +30,11 @@ def _user_omp_policy() -> str:
 
   The package sets passive waiting for the train-step rounds, where
   contenders share the machine (see ``experiments/benchmark/__init__.py``).
-  Here ``generate`` runs alone, after our side, and with OpenMP's default
-  policy it was 7% faster (one batch of 64 on the 2-core Intel Xeon:
-  19.9-21.3 s against 22.1-22.6 passive). OpenMP reads the policy when torch
-  loads it, so the user's setting (usually none) is put back before torch is
-  imported. Returns the policy in force, as the JSON records it.
+  Here ``generate`` runs alone, after our side, and passive waiting made it
+  8-15% slower than OpenMP's default policy (the whole benchmark on the
+  2-core Intel Xeon: 90.2 s against 78.3-83.3). OpenMP reads the policy when
+  torch loads it, so the user's setting (usually none) is put back before
+  torch is imported. Returns the policy in force, as the JSON records it.
   """
   if 'torch' in sys.modules:
     return 'as set when torch was first imported in this process'
