@@ -111,10 +111,11 @@ def _few_query_attention(query, key, value, mask, bias, dropout_rate,
     probs = keys_first(dropout(keys_first(weights), dropout_rate,
                                dropout_rng))
   # The values as a broadcast product summed over the keys rather than as a
-  # matmul of a few columns: XLA's CPU backend streams the cache faster so
-  # (a Marian beam step, 64 sentences x 4 beams over 64 slots: 3.5% faster,
-  # the same tokens). Heads-first out, then transposed: written as [batch, q,
-  # heads, d] the output alone is a slower layout.
+  # matmul of a few columns: XLA's CPU backend streams a large cache faster
+  # so (a Marian beam step, 64 sentences x 4 beams over 64 slots: 3.5%
+  # faster; the toy model's beam search, a small cache, about 3% slower).
+  # Heads-first out, then transposed, as the matmul's was (written as
+  # [batch, q, heads, d] its output alone was a slower layout).
   out = jnp.sum(probs.astype(value.dtype)[..., None] * value[:, :, :, None],
                 axis=2)
   return out.transpose(0, 2, 1, 3), keys_first(weights)
