@@ -53,6 +53,16 @@ def test_compilations_are_bounded_by_buckets(translator):
   assert 16 in BUCKETS and Translator.bucket(17, 512) == 32
 
 
+def test_a_call_pads_its_rows_to_a_power_of_two(translator, monkeypatch):
+  rows, decode_ids = [], translator.decode_ids
+  monkeypatch.setattr(translator, 'decode_ids',
+                      lambda x: rows.append(len(x)) or decode_ids(x))
+  for n in (1, 3, 8, 9):  # batch_size 8
+    out = translator(['drag glipos'] * n)
+    assert len(out) == n and len(set(out)) == 1
+  assert rows == [1, 4, 8, 8, 1]
+
+
 def test_long_input_is_truncated_with_a_warning_or_rejected(workdir, capsys):
   long_line = ' '.join(['drag'] * 400)
   t = Translator.from_workdir(str(workdir), batch_size=2)

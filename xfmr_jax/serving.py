@@ -141,10 +141,9 @@ class ExportedTranslator:
     self._lock = threading.Lock()
 
   def row_counts(self) -> list[int]:
-    """The batch sizes decoder calls are padded to: powers of two up to (and
-    including) ``batch_size``."""
-    return sorted({min(1 << i, self.batch_size)
-                   for i in range(self.batch_size.bit_length() + 1)})
+    """The batch sizes decoder calls are padded to (see
+    :func:`source_batches.row_counts`)."""
+    return source_batches.row_counts(self.batch_size)
 
   def _executable(self, beam_size: int, width: int, rows: int):
     """The module compiled for ``[rows, width]`` inputs (compiled once)."""
@@ -202,9 +201,9 @@ class ExportedTranslator:
     width = self.bucket(max(len(r) for r in rows))
     if len(rows) > self.batch_size:
       raise ValueError(f'{len(rows)} rows; at most {self.batch_size} per call')
-    padded = next(n for n in self.row_counts() if n >= len(rows))
-    outputs = self.decode_ids(source_batches.pad_rows(rows, width, padded),
-                              beam_size)
+    outputs = self.decode_ids(source_batches.pad_rows(
+        rows, width, source_batches.padded_rows(len(rows), self.batch_size)),
+        beam_size)
     return [self.tokenizer.decode(outputs[r]) for r in range(len(rows))]
 
   def __call__(self, texts: Sequence[str], beam_size: int | None = None, *,

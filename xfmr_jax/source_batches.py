@@ -5,8 +5,9 @@ translator of :mod:`xfmr_jax.serving` share these rules, so that both give the
 same batches and therefore the same outputs. This module needs only numpy and
 the tokenizer (no flax, no model code).
 
-Inputs are padded to one of a few bucket lengths so that a stream of requests
-of many lengths compiles the decoder only once per bucket and batch size.
+Inputs are padded to one of a few bucket lengths, and a call's rows to a power
+of two, so that a stream of requests of many lengths and counts compiles the
+decoder only a few times per bucket.
 """
 from __future__ import annotations
 
@@ -90,6 +91,19 @@ def translate_in_order(encoded: Sequence[list[int] | None], batch_size: int,
                                               width)):
       out[i] = text
   return out
+
+
+def row_counts(batch_size: int) -> list[int]:
+  """The row counts decoder calls are padded to: powers of two up to (and
+  including) ``batch_size``, so each bucket compiles for a handful of batch
+  sizes and a call of one sentence decodes one row, not ``batch_size``."""
+  return sorted({min(1 << i, batch_size)
+                 for i in range(batch_size.bit_length() + 1)})
+
+
+def padded_rows(n: int, batch_size: int) -> int:
+  """The smallest of :func:`row_counts` holding ``n`` (1 <= n <= batch_size) rows."""
+  return next(r for r in row_counts(batch_size) if r >= n)
 
 
 def pad_rows(rows: Sequence[list[int]], width: int, num_rows: int) -> np.ndarray:

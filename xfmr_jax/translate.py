@@ -3,10 +3,11 @@
     translator = Translator.from_workdir('workdir')   # loads once
     translator(['a source sentence', ''])             # -> list of str, same order
 
-Inputs are padded to one of a few bucket lengths so that a stream of requests
-of many lengths compiles the decoder only once per bucket and batch size (the
-rules live in :mod:`xfmr_jax.source_batches`, shared with the exported
-translator of :mod:`xfmr_jax.serving`).
+Inputs are padded to one of a few bucket lengths, and each call's rows to a
+power of two, so that a stream of requests of many lengths compiles the
+decoder a few times per bucket, and one sentence decodes one row (the rules
+live in :mod:`xfmr_jax.source_batches`, shared with the exported translator
+of :mod:`xfmr_jax.serving`).
 """
 from __future__ import annotations
 
@@ -60,7 +61,9 @@ class Translator:
       (:func:`xfmr_jax.hf_beam.beam_search`, Hugging Face ``generate``'s
       scoring, for imported models; ``alpha`` is its ``length_penalty``).
     max_decode_extra: decode up to (bucketed input length + this) tokens.
-    batch_size: sentences per decoder call (the last call is padded).
+    batch_size: the most sentences per decoder call; a call's rows are
+      padded to a power of two (at most ``batch_size``), so one sentence
+      decodes one row.
     too_long: 'truncate' (warn on stderr) or 'error' for inputs longer than
       the model's ``max_len``.
     temperature, top_k, top_p, seed: sampling instead of search when
@@ -125,8 +128,8 @@ class Translator:
                for i, t in enumerate(texts)]
 
     def translate_chunk(rows, width):
-      outputs = self.decode_ids(source_batches.pad_rows(rows, width,
-                                                        self.batch_size))
+      outputs = self.decode_ids(source_batches.pad_rows(
+          rows, width, source_batches.padded_rows(len(rows), self.batch_size)))
       return [self.tokenizer.decode(outputs[r]) for r in range(len(rows))]
     return source_batches.translate_in_order(encoded, self.batch_size,
                                              self.max_input, translate_chunk)
