@@ -201,9 +201,8 @@ class ExportedTranslator:
     width = self.bucket(max(len(r) for r in rows))
     if len(rows) > self.batch_size:
       raise ValueError(f'{len(rows)} rows; at most {self.batch_size} per call')
-    outputs = self.decode_ids(source_batches.pad_rows(
-        rows, width, source_batches.padded_rows(len(rows), self.batch_size)),
-        beam_size)
+    outputs = self.decode_ids(
+        source_batches.pad_rows(rows, width, self.batch_size), beam_size)
     return [self.tokenizer.decode(outputs[r]) for r in range(len(rows))]
 
   def __call__(self, texts: Sequence[str], beam_size: int | None = None, *,

@@ -101,13 +101,11 @@ def row_counts(batch_size: int) -> list[int]:
                  for i in range(batch_size.bit_length() + 1)})
 
 
-def padded_rows(n: int, batch_size: int) -> int:
-  """The smallest of :func:`row_counts` holding ``n`` (1 <= n <= batch_size) rows."""
-  return next(r for r in row_counts(batch_size) if r >= n)
-
-
-def pad_rows(rows: Sequence[list[int]], width: int, num_rows: int) -> np.ndarray:
-  """``[num_rows, width]`` int32 with ``rows`` at the top, PAD elsewhere."""
+def pad_rows(rows: Sequence[list[int]], width: int,
+             batch_size: int) -> np.ndarray:
+  """``[n, width]`` int32 with ``rows`` at the top, PAD elsewhere; ``n`` is
+  the smallest of :func:`row_counts` holding them (at most ``batch_size``)."""
+  num_rows = next(n for n in row_counts(batch_size) if n >= len(rows))
   out = np.full((num_rows, width), PAD, np.int32)
   for r, ids in enumerate(rows):
     out[r, :len(ids)] = ids

@@ -128,8 +128,8 @@ class Translator:
                for i, t in enumerate(texts)]
 
     def translate_chunk(rows, width):
-      outputs = self.decode_ids(source_batches.pad_rows(
-          rows, width, source_batches.padded_rows(len(rows), self.batch_size)))
+      outputs = self.decode_ids(source_batches.pad_rows(rows, width,
+                                                        self.batch_size))
       return [self.tokenizer.decode(outputs[r]) for r in range(len(rows))]
     return source_batches.translate_in_order(encoded, self.batch_size,
                                              self.max_input, translate_chunk)
