@@ -63,6 +63,15 @@ def test_a_call_pads_its_rows_to_a_power_of_two(translator, monkeypatch):
   assert rows == [1, 4, 8, 8, 1]
 
 
+def test_row_counts_stop_at_a_batch_size_that_is_no_power_of_two():
+  from xfmr_jax import source_batches
+  assert source_batches.row_counts(6) == [1, 2, 4, 6]
+  for n, rows in ((1, 1), (3, 4), (5, 6), (6, 6)):
+    padded = source_batches.pad_rows([[5, 7, 1]] * n, 4, 6)
+    assert padded.shape == (rows, 4)
+    assert (padded[:n] == [5, 7, 1, 0]).all() and (padded[n:] == 0).all()
+
+
 def test_long_input_is_truncated_with_a_warning_or_rejected(workdir, capsys):
   long_line = ' '.join(['drag'] * 400)
   t = Translator.from_workdir(str(workdir), batch_size=2)
