@@ -34,7 +34,8 @@ _TEMPERATURE = flags.DEFINE_float('temperature', 0.0,
 _TOP_K = flags.DEFINE_integer('top_k', 0, 'Sample from the k best (0 = all).')
 _TOP_P = flags.DEFINE_float('top_p', 1.0, 'Nucleus sampling mass.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
-_BATCH = flags.DEFINE_integer('batch_size', 64, 'The most sentences per decoder call.')
+_BATCH = flags.DEFINE_integer('batch_size', 64,
+                              'The most sentences per decoder call.')
 _TOO_LONG = flags.DEFINE_enum('too_long', 'truncate', ['truncate', 'error'],
                               'What to do with over-long lines.')
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from xfmr_jax import checkpoint, data, decode
+from xfmr_jax import checkpoint, data, decode, source_batches
 from xfmr_jax.translate import BUCKETS, Translator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -64,7 +64,6 @@ def test_a_call_pads_its_rows_to_a_power_of_two(translator, monkeypatch):
 
 
 def test_row_counts_stop_at_a_batch_size_that_is_no_power_of_two():
-  from xfmr_jax import source_batches
   assert source_batches.row_counts(6) == [1, 2, 4, 6]
   for n, rows in ((1, 1), (3, 4), (5, 6), (6, 6)):
     padded = source_batches.pad_rows([[5, 7, 1]] * n, 4, 6)

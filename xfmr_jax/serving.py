@@ -199,8 +199,6 @@ class ExportedTranslator:
     """Translations of encoded sources that share one bucket (at most
     ``batch_size`` of them), padded to a power-of-two number of rows."""
     width = self.bucket(max(len(r) for r in rows))
-    if len(rows) > self.batch_size:
-      raise ValueError(f'{len(rows)} rows; at most {self.batch_size} per call')
     outputs = self.decode_ids(
         source_batches.pad_rows(rows, width, self.batch_size), beam_size)
     return [self.tokenizer.decode(outputs[r]) for r in range(len(rows))]

@@ -105,6 +105,8 @@ def pad_rows(rows: Sequence[list[int]], width: int,
              batch_size: int) -> np.ndarray:
   """``[n, width]`` int32 with ``rows`` at the top, PAD elsewhere; ``n`` is
   the smallest of :func:`row_counts` holding them (at most ``batch_size``)."""
+  if len(rows) > batch_size:
+    raise ValueError(f'{len(rows)} rows; at most {batch_size} per call')
   num_rows = next(n for n in row_counts(batch_size) if n >= len(rows))
   out = np.full((num_rows, width), PAD, np.int32)
   for r, ids in enumerate(rows):
