@@ -1,0 +1,396 @@
+"""Where a step's time goes: a per-operation profile of a compiled program.
+
+    python -m experiments.benchmark.op_profile --size base --what beam4
+    python -m experiments.benchmark.op_profile --size small --what train
+
+Compiles one of the benchmark's programs (our train step, or a decoder on
+the decode benchmark's batch), times a few calls, then runs it again under
+``jax.profiler`` and reads the kernel events of the trace: each names the
+HLO instruction it ran. Every instruction is looked up in the compiled HLO
+for its source (the ``op_name`` metadata: which layer and primitive), the
+bytes of its operands and result, and, for a matrix product (a ``dot``, or a
+fusion that holds one), its FLOPs. Kernels are then summed by source with
+the layer index merged (``decoder_*/ffn/dot_general``: all layers' FFN
+products together), per call, with the GFLOP/s and GB/s each group ran at.
+
+A kernel's time is its wall time on the thread that ran it; XLA runs
+independent kernels on the two cores side by side, so the kernels' sum can
+exceed the call's wall time. GB/s counts each operand and the result once:
+for a product with a few rows that is the weights read per call, the number
+to hold against ``jnp.sum``'s bandwidth (the decode benchmark's
+``bandwidth``).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import glob
+import gzip
+import json
+import math
+import re
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.benchmark.common import (DROPOUT, SIZES, log, machine,
+                                          random_batch)
+
+WHATS = ('train', 'beam4', 'greedy', 'greedy_b1')
+
+_CONTROL = ('while', 'conditional', 'call')
+_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 's16': 2, 'u16': 2, 'f16': 2,
+          'bf16': 2, 's32': 4, 'u32': 4, 'f32': 4, 's64': 8, 'u64': 8,
+          'f64': 8, 'c64': 8, 'c128': 16}
+_ARRAY = re.compile(r'\b([a-z]+\d*)\[([\d,]*)\]')
+# op_name parts that are transformations, not source: jit(f), jvp(Model)...
+_WRAPPER = r'(jit|pjit|jvp|transpose|remat|checkpoint|vmap)\(.*\)'
+
+
+@dataclasses.dataclass
+class Instruction:
+  """One HLO instruction: its result shape text, opcode, operand names,
+  called computation (fusions), source ``op_name`` and attribute text."""
+  shape: str
+  opcode: str
+  operands: list
+  calls: str | None
+  op_name: str
+  attributes: str
+
+  @property
+  def stack_frame(self) -> int | None:
+    m = re.search(r'stack_frame_id=(\d+)', self.attributes)
+    return int(m.group(1)) if m else None
+
+
+def shape_bytes(shape: str) -> int:
+  """Bytes of an HLO shape, a tuple's arrays summed (``f32[8,512]``: 16384)."""
+  return sum(_BYTES.get(t, 0) * math.prod(int(d) for d in dims.split(',') if d)
+             for t, dims in _ARRAY.findall(shape))
+
+
+def _dims(shape: str) -> list:
+  m = _ARRAY.search(shape)
+  return [int(d) for d in m.group(2).split(',') if d] if m else []
+
+
+def _balanced(text: str, start: int) -> int:
+  """Index just past the bracket group that opens at ``text[start]``."""
+  depth = 0
+  for i in range(start, len(text)):
+    depth += {'(': 1, '{': 1, '[': 1, ')': -1, '}': -1, ']': -1}.get(text[i], 0)
+    if depth == 0:
+      return i + 1
+  return len(text)
+
+
+def _frames(text: str) -> dict:
+  """Stack frame id -> ``function (file:line)`` of its innermost location,
+  from the module's ``FileNames`` ... ``StackFrames`` tables."""
+  tables, table = collections.defaultdict(dict), None
+  for line in text.split('\n'):
+    if line in ('FileNames', 'FunctionNames', 'FileLocations', 'StackFrames'):
+      table = line
+    elif table and re.match(r'^\d+ ', line):
+      key, value = line.split(' ', 1)
+      tables[table][int(key)] = value
+    elif line.strip():
+      table = None
+  frames = {}
+  for frame, text_ in tables['StackFrames'].items():
+    loc = re.search(r'file_location_id=(\d+)', text_)
+    where = tables['FileLocations'].get(int(loc.group(1)), '') if loc else ''
+    ids = dict(re.findall(r'(\w+)=(\d+)', where))
+    name = lambda t, k: tables[t].get(int(ids.get(k, 0)), '""').strip('"')
+    frames[frame] = (f"{name('FunctionNames', 'function_name_id')} "
+                     f"({name('FileNames', 'file_name_id').rsplit('/', 1)[-1]}"
+                     f":{ids.get('line', '?')})")
+  return frames
+
+
+def parse_hlo(text: str) -> tuple[dict, dict, dict]:
+  """``(instructions, computations, frames)`` of an HLO module's text:
+  name -> :class:`Instruction` (names are unique in a module), computation
+  name -> the names of its instructions, stack frame id -> where."""
+  instructions, computations, current = {}, {}, None
+  for line in text.split('\n'):
+    header = re.match(r'^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$', line)
+    if header and not line.startswith(' '):
+      current = computations.setdefault(header.group(1), [])
+      continue
+    m = re.match(r'^\s*(?:ROOT )?%?([\w.\-]+) = ', line)
+    if not m or current is None:
+      continue
+    rest = line[m.end():]
+    end = _balanced(rest, 0) if rest.startswith('(') else rest.find(' ')
+    shape, rest = rest[:end], rest[end:].lstrip()
+    paren = rest.find('(')
+    if paren < 0:
+      continue
+    opcode = rest[:paren]
+    close = _balanced(rest, paren)
+    operands = re.findall(r'%([\w.\-]+)', rest[paren:close])
+    attributes = rest[close:]
+    calls = re.search(r'calls=%?([\w.\-]+)', attributes)
+    op_name = re.search(r'op_name="([^"]*)"', attributes)
+    instructions[m.group(1)] = Instruction(
+        shape, opcode, operands, calls.group(1) if calls else None,
+        op_name.group(1) if op_name else '', attributes)
+    current.append(m.group(1))
+  return instructions, computations, _frames(text)
+
+
+def dot_flops(ins: Instruction, instructions: dict) -> float:
+  """FLOPs of a ``dot``: 2 x output elements x contracted size."""
+  lhs = instructions.get(ins.operands[0]) if ins.operands else None
+  contracting = re.search(r'lhs_contracting_dims=\{([\d,]*)\}', ins.attributes)
+  if lhs is None or contracting is None:
+    return 0.0
+  dims = _dims(lhs.shape)
+  k = math.prod(dims[int(i)] for i in contracting.group(1).split(',') if i)
+  return 2.0 * math.prod(_dims(ins.shape)) * k
+
+
+def flops(name: str, instructions: dict, computations: dict) -> float:
+  """Matrix-product FLOPs of one instruction (of the dots a fusion calls)."""
+  ins = instructions[name]
+  if ins.opcode == 'dot':
+    return dot_flops(ins, instructions)
+  if ins.opcode == 'fusion' and ins.calls in computations:
+    return sum(dot_flops(instructions[n], instructions)
+               for n in computations[ins.calls]
+               if instructions[n].opcode == 'dot')
+  return 0.0
+
+
+def origin(name: str, instructions: dict, computations: dict,
+           frames: dict, users_of: dict) -> str:
+  """An instruction's source group: its :func:`source`, taken from the
+  instructions it fuses when it has no ``op_name`` of its own; a primitive
+  outside any module (the optimizer's, the loss's) also names the function
+  and line that traced it. ``users_of``: name -> the instructions that
+  read it."""
+  def named(n):
+    ins = instructions[n]
+    if ins.op_name or ins.calls not in computations:
+      return ins
+    inner = [instructions[i] for i in computations[ins.calls]
+             if instructions[i].op_name]
+    return inner[-1] if inner else ins   # the root is listed last
+
+  def label(ins):
+    key = source(ins.op_name)
+    if '/' not in key and ins.stack_frame in frames:
+      key = f'{key} in {frames[ins.stack_frame]}'
+    return key
+
+  found = named(name)
+  if found.op_name:
+    return label(found)
+  # XLA rewrote it (a one-row product becomes a matrix-vector ``dot``
+  # without metadata); the operation that consumes it keeps the source.
+  users = [named(u) for u in users_of.get(name, ())]
+  user = next((u for u in users if u.op_name), None)
+  opcode = instructions[name].opcode
+  if user is None:
+    return f'({opcode}, no source: XLA-made)'
+  return f'{opcode} feeding {label(user)}'
+
+
+def source(op_name: str) -> str:
+  """The readable source of an ``op_name``: transformation and control-flow
+  wrappers dropped, the backward pass marked, layer indices merged
+  (``decoder_3`` -> ``decoder_*``)."""
+  backward = 'transpose(' in op_name
+  parts = []
+  for part in op_name.split('/'):
+    if re.fullmatch(_WRAPPER, part):
+      continue
+    if part in ('while', 'body', 'cond', 'closed_call', 'branch_0_fun',
+                'branch_1_fun', 'rematted_computation'):
+      continue
+    parts.append(re.sub(r'_\d+$', '_*', part))
+  text = '/'.join(parts) or '(unnamed)'
+  return f'backward: {text}' if backward else text
+
+
+def kernel_events(trace_dir: str, module: str) -> list:
+  """``(instruction name, microseconds)`` of every kernel the trace recorded
+  for the HLO module ``module``."""
+  paths = glob.glob(f'{trace_dir}/**/*.trace.json.gz', recursive=True)
+  if not paths:
+    raise RuntimeError(f'jax.profiler wrote no trace under {trace_dir}')
+  with gzip.open(paths[0]) as f:
+    events = json.load(f)['traceEvents']
+  return [(e['args']['hlo_op'], e['dur']) for e in events
+          if e.get('ph') == 'X' and 'hlo_op' in e.get('args', {})
+          and e['args'].get('hlo_module') == module]
+
+
+def profile(run, hlo_text: str, *, calls: int = 3, top: int = 25) -> dict:
+  """Times ``calls`` calls of ``run()`` (already compiled and warm), then
+  profiles as many more, and attributes the kernels to ``hlo_text``."""
+  instructions, computations, frames = parse_hlo(hlo_text)
+  module = re.match(r'HloModule ([\w.\-]+)', hlo_text).group(1)
+  users_of = collections.defaultdict(list)
+  for user, ins in instructions.items():
+    for operand in ins.operands:
+      users_of[operand].append(user)
+  walls = []
+  for _ in range(calls):
+    t0 = time.perf_counter()
+    run()
+    walls.append(time.perf_counter() - t0)
+  with tempfile.TemporaryDirectory() as trace_dir:
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+      t0 = time.perf_counter()
+      for _ in range(calls):
+        run()
+      profiled = (time.perf_counter() - t0) / calls
+    events = kernel_events(trace_dir, module)
+  # A loop's or a branch's event spans the kernels of its body, which the
+  # trace records too.
+  events = [(n, us) for n, us in events
+            if n not in instructions or instructions[n].opcode not in _CONTROL]
+  if not events:
+    raise RuntimeError(f'the trace holds no kernel of module {module}')
+  groups = collections.defaultdict(lambda: dict(us=0.0, kernels=0, flops=0.0,
+                                                bytes=0.0))
+  total_us = matmul_us = matmul_flops = 0.0
+  for name, us in events:
+    ins = instructions.get(name)
+    key = (origin(name, instructions, computations, frames, users_of) if ins
+           else f'({name})')
+    f = flops(name, instructions, computations) if ins else 0.0
+    moved = (shape_bytes(ins.shape) + sum(
+        shape_bytes(instructions[o].shape) for o in ins.operands
+        if o in instructions)) if ins else 0.0
+    g = groups[key]
+    g['us'] += us
+    g['kernels'] += 1
+    g['flops'] += f
+    g['bytes'] += moved
+    total_us += us
+    if f:
+      matmul_us += us
+      matmul_flops += f
+  per_call = lambda us: us / 1e3 / calls
+  rows = []
+  for key, g in sorted(groups.items(), key=lambda kv: -kv[1]['us']):
+    s = g['us'] / 1e6
+    rows.append(dict(source=key, ms_per_call=per_call(g['us']),
+                     kernels_per_call=g['kernels'] / calls,
+                     share=g['us'] / total_us,
+                     gflop_per_s=g['flops'] / s / 1e9 if g['flops'] else None,
+                     gb_per_s=g['bytes'] / s / 1e9 if s else None))
+  return dict(machine=machine(), calls=calls,
+              wall_ms_per_call=float(np.median(walls)) * 1e3,
+              profiled_wall_ms_per_call=profiled * 1e3,
+              kernel_ms_per_call=per_call(total_us),
+              kernels_per_call=len(events) / calls,
+              matmul_ms_per_call=per_call(matmul_us),
+              matmul_gflop_per_s=(matmul_flops / (matmul_us / 1e6) / 1e9
+                                  if matmul_us else None),
+              groups=rows[:top], groups_total=len(rows))
+
+
+def build(what: str, size: str, *, batch: int | None = None,
+          length: int = 64):
+  """``(run, hlo_text, description)`` for one benchmark program, compiled
+  and run once (``what`` in :data:`WHATS`)."""
+  from experiments.benchmark.decode import _decode_params
+  from experiments.benchmark.train import JaxTrain
+  from xfmr_jax import config as config_lib
+  from xfmr_jax import decode
+  from xfmr_jax.model import Transformer
+  if what not in WHATS:
+    raise ValueError(f'--what must be one of {WHATS}, got {what!r}')
+  if size not in SIZES:
+    raise ValueError(f'--size must be one of {sorted(SIZES)}, got {size!r}')
+  spec = SIZES[size]
+  cfg = config_lib.ModelConfig(**spec['model'], dropout_rate=DROPOUT)
+  if what == 'train':
+    rows = batch or spec['batch']
+    step = JaxTrain(cfg, random_batch(cfg.vocab_size, rows, spec['length']))
+    return (step, step.compiled.as_text(),
+            f'train step, batch {rows} x {spec["length"]} + {spec["length"]}')
+  rows = 1 if what == 'greedy_b1' else batch or spec['decode_batch']
+  model = Transformer(cfg)
+  params = _decode_params(model, spec['length'])
+  inputs = jnp.asarray(random_batch(cfg.vocab_size, rows, spec['length'],
+                                    seed=1)['inputs'])
+  if what == 'beam4':
+    lowered = decode.beam_search.lower(model, params, inputs, beam_size=4,
+                                       max_decode_len=length)
+  else:
+    lowered = decode.greedy_decode.lower(model, params, inputs,
+                                         max_decode_len=length)
+  compiled = lowered.compile()
+  run = lambda: jax.block_until_ready(compiled(params, inputs))
+  run()
+  return run, compiled.as_text(), (f'{what}, {rows} sentences of '
+                                   f'{spec["length"]} tokens, {length} steps')
+
+
+def format_profile(res: dict, title: str) -> str:
+  lines = [f'{title} on {res["machine"]}',
+           f'wall {res["wall_ms_per_call"]:.1f} ms a call (median of '
+           f'{res["calls"]}; {res["profiled_wall_ms_per_call"]:.1f} ms while '
+           f'profiled); kernels {res["kernel_ms_per_call"]:.1f} ms '
+           f'({res["kernels_per_call"]:.0f} kernels) a call, of which matrix '
+           f'products {res["matmul_ms_per_call"]:.1f} ms'
+           + (f' at {res["matmul_gflop_per_s"]:.0f} GFLOP/s'
+              if res['matmul_gflop_per_s'] else ''),
+           '',
+           '| ms / call | share | kernels / call | GFLOP/s | GB/s | source |',
+           '|---:|---:|---:|---:|---:|---|']
+  fmt = lambda v: '' if v is None else f'{v:.1f}'
+  for r in res['groups']:
+    lines.append(f'| {r["ms_per_call"]:.2f} | {100 * r["share"]:.1f}% | '
+                 f'{r["kernels_per_call"]:.0f} | {fmt(r["gflop_per_s"])} | '
+                 f'{fmt(r["gb_per_s"])} | `{r["source"]}` |')
+  if res['groups_total'] > len(res['groups']):
+    lines.append(f'({res["groups_total"] - len(res["groups"])} smaller '
+                 'groups not shown)')
+  return '\n'.join(lines)
+
+
+def parse_args(argv):
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p.add_argument('--size', default='small', help=f'one of {sorted(SIZES)}')
+  p.add_argument('--what', default='beam4', help=f'one of {WHATS}')
+  p.add_argument('--batch', type=int, default=None,
+                 help="rows (default: the size's train or decode batch)")
+  p.add_argument('--length', type=int, default=64,
+                 help='decoder steps of a decoding call')
+  p.add_argument('--calls', type=int, default=3,
+                 help='calls timed, then as many profiled')
+  p.add_argument('--top', type=int, default=25, help='source groups shown')
+  p.add_argument('--json', default=None, help='write the profile here')
+  return p.parse_args(argv)
+
+
+def main(argv=None):
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    run, hlo, title = build(args.what, args.size, batch=args.batch,
+                            length=args.length)
+  except ValueError as e:
+    sys.exit(f'error: {e}')
+  log(f'[{args.size}] {args.what}: profiling {args.calls} calls ...')
+  res = profile(run, hlo, calls=args.calls, top=args.top)
+  res.update(size=args.size, what=args.what, title=title)
+  print(format_profile(res, f'{args.size}: {title}'))
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(res, f, indent=1)
+
+
+if __name__ == '__main__':
+  main()
