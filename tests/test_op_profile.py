@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.benchmark import op_profile
+from experiments.benchmark import hlo_text, op_profile
 
 
 def _program(rows):
@@ -28,7 +28,7 @@ def _program(rows):
 
 def test_parsed_hlo_gives_shapes_bytes_and_product_flops():
   _, hlo, args = _program(rows=16)
-  instructions, computations, _ = op_profile.parse_hlo(hlo)
+  instructions, computations, _ = hlo_text.parse_hlo(hlo)
   fused = {i.calls for i in instructions.values() if i.opcode == 'fusion'}
   # The entry computation: the one no instruction calls.
   entry, = [c for c in computations if not any(
@@ -36,13 +36,13 @@ def test_parsed_hlo_gives_shapes_bytes_and_product_flops():
       for i in instructions.values())]
   params = [instructions[n] for n in computations[entry]
             if instructions[n].opcode == 'parameter']
-  assert sorted(op_profile.shape_bytes(p.shape) for p in params) == \
+  assert sorted(hlo_text.shape_bytes(p.shape) for p in params) == \
       sorted(a.nbytes for a in args)
-  total = sum(op_profile.flops(n, instructions, computations)
+  total = sum(hlo_text.flops(n, instructions, computations)
               for c, names in computations.items() if c not in fused
               for n in names)
   assert total == 2 * 16 * 256 * 1024 + 2 * 16 * 1024 * 128
-  assert op_profile.shape_bytes('(f32[2,3]{1,0}, s32[], pred[4])') == 24 + 4 + 4
+  assert hlo_text.shape_bytes('(f32[2,3]{1,0}, s32[], pred[4])') == 24 + 4 + 4
 
 
 def test_source_drops_wrappers_marks_backward_and_merges_layers():

@@ -36,7 +36,7 @@ from xfmr_jax.model import Transformer
 from xfmr_jax.token_ids import EOS
 
 
-def _decode_params(model, length: int):
+def decode_params(model, length: int):
   """Fresh parameters with the EOS embedding zeroed: a random model would
   otherwise stop at a random step; this way every run emits ``length`` tokens."""
   state = jax.jit(lambda: train_state.init_state(
@@ -80,7 +80,7 @@ def bench_decode(size: str, *, reps: int, use_torch: bool, length: int = 64,
   cfg = config_lib.ModelConfig(**spec['model'], dropout_rate=DROPOUT,
                                dtype=dtype)
   model = Transformer(cfg)
-  params = _decode_params(model, spec['length'])
+  params = decode_params(model, spec['length'])
   inputs = jnp.asarray(random_batch(cfg.vocab_size, batch_size,
                                     spec['length'], seed=1)['inputs'])
   fns = {

@@ -172,7 +172,7 @@ def beam_decode(cfg: WmtConfig, params, inputs, *, beam_size=4,
 
 def decode_params(cfg: WmtConfig, length: int, seed: int = 0):
   """Fresh parameters with the shared EOS embedding zeroed (its logit is then
-  0, never among the best of a random model), as ``decode._decode_params``
+  0, never among the best of a random model), as ``decode.decode_params``
   does for ours: every run emits ``max_decode_len`` tokens."""
   params = jax.tree.map(lambda x: x, init_params(cfg, length, seed))
   emb = params['shared_embedding']['embedding']

@@ -7,28 +7,29 @@ Compiles one of the benchmark's programs (our train step, or a decoder on
 the decode benchmark's batch), times a few calls, then runs it again under
 ``jax.profiler`` and reads the kernel events of the trace: each names the
 HLO instruction it ran. Every instruction is looked up in the compiled HLO
-for its source (the ``op_name`` metadata: which layer and primitive), the
-bytes of its operands and result, and, for a matrix product (a ``dot``, or a
-fusion that holds one), its FLOPs. Kernels are then summed by source with
+(read by :mod:`experiments.benchmark.hlo_text`) for its source (the
+``op_name`` metadata: which layer and primitive), the bytes of its operands
+and result, and, for a matrix product (a ``dot``, or a fusion that holds
+one), its FLOPs. Kernels are then summed by source with
 the layer index merged (``decoder_*/ffn/dot_general``: all layers' FFN
 products together), per call, with the GFLOP/s and GB/s each group ran at.
 
 A kernel's time is its wall time on the thread that ran it; XLA runs
 independent kernels on the two cores side by side, so the kernels' sum can
-exceed the call's wall time. GB/s counts each operand and the result once:
-for a product with a few rows that is the weights read per call, the number
-to hold against ``jnp.sum``'s bandwidth (the decode benchmark's
-``bandwidth``).
+exceed the call's wall time; the profiler also slows many small kernels,
+so the wall time of the profiled calls is reported beside the others. GB/s
+counts each operand and the result once (an in-place update counts its
+whole buffer): for a product with a few rows it is the rate at which the
+weights were read, to hold against ``jnp.sum``'s bandwidth (the decode
+benchmark's ``bandwidth``).
 """
 from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import glob
 import gzip
 import json
-import math
 import re
 import sys
 import tempfile
@@ -40,133 +41,18 @@ import numpy as np
 
 from experiments.benchmark.common import (DROPOUT, SIZES, log, machine,
                                           random_batch)
+from experiments.benchmark.decode import decode_params
+from experiments.benchmark.hlo_text import flops, parse_hlo, shape_bytes
+from experiments.benchmark.train import JaxTrain
+from xfmr_jax import config as config_lib
+from xfmr_jax import decode
+from xfmr_jax.model import Transformer
 
 WHATS = ('train', 'beam4', 'greedy', 'greedy_b1')
 
 _CONTROL = ('while', 'conditional', 'call')
-_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 's16': 2, 'u16': 2, 'f16': 2,
-          'bf16': 2, 's32': 4, 'u32': 4, 'f32': 4, 's64': 8, 'u64': 8,
-          'f64': 8, 'c64': 8, 'c128': 16}
-_ARRAY = re.compile(r'\b([a-z]+\d*)\[([\d,]*)\]')
 # op_name parts that are transformations, not source: jit(f), jvp(Model)...
 _WRAPPER = r'(jit|pjit|jvp|transpose|remat|checkpoint|vmap)\(.*\)'
-
-
-@dataclasses.dataclass
-class Instruction:
-  """One HLO instruction: its result shape text, opcode, operand names,
-  called computation (fusions), source ``op_name`` and attribute text."""
-  shape: str
-  opcode: str
-  operands: list
-  calls: str | None
-  op_name: str
-  attributes: str
-
-  @property
-  def stack_frame(self) -> int | None:
-    m = re.search(r'stack_frame_id=(\d+)', self.attributes)
-    return int(m.group(1)) if m else None
-
-
-def shape_bytes(shape: str) -> int:
-  """Bytes of an HLO shape, a tuple's arrays summed (``f32[8,512]``: 16384)."""
-  return sum(_BYTES.get(t, 0) * math.prod(int(d) for d in dims.split(',') if d)
-             for t, dims in _ARRAY.findall(shape))
-
-
-def _dims(shape: str) -> list:
-  m = _ARRAY.search(shape)
-  return [int(d) for d in m.group(2).split(',') if d] if m else []
-
-
-def _balanced(text: str, start: int) -> int:
-  """Index just past the bracket group that opens at ``text[start]``."""
-  depth = 0
-  for i in range(start, len(text)):
-    depth += {'(': 1, '{': 1, '[': 1, ')': -1, '}': -1, ']': -1}.get(text[i], 0)
-    if depth == 0:
-      return i + 1
-  return len(text)
-
-
-def _frames(text: str) -> dict:
-  """Stack frame id -> ``function (file:line)`` of its innermost location,
-  from the module's ``FileNames`` ... ``StackFrames`` tables."""
-  tables, table = collections.defaultdict(dict), None
-  for line in text.split('\n'):
-    if line in ('FileNames', 'FunctionNames', 'FileLocations', 'StackFrames'):
-      table = line
-    elif table and re.match(r'^\d+ ', line):
-      key, value = line.split(' ', 1)
-      tables[table][int(key)] = value
-    elif line.strip():
-      table = None
-  frames = {}
-  for frame, text_ in tables['StackFrames'].items():
-    loc = re.search(r'file_location_id=(\d+)', text_)
-    where = tables['FileLocations'].get(int(loc.group(1)), '') if loc else ''
-    ids = dict(re.findall(r'(\w+)=(\d+)', where))
-    name = lambda t, k: tables[t].get(int(ids.get(k, 0)), '""').strip('"')
-    frames[frame] = (f"{name('FunctionNames', 'function_name_id')} "
-                     f"({name('FileNames', 'file_name_id').rsplit('/', 1)[-1]}"
-                     f":{ids.get('line', '?')})")
-  return frames
-
-
-def parse_hlo(text: str) -> tuple[dict, dict, dict]:
-  """``(instructions, computations, frames)`` of an HLO module's text:
-  name -> :class:`Instruction` (names are unique in a module), computation
-  name -> the names of its instructions, stack frame id -> where."""
-  instructions, computations, current = {}, {}, None
-  for line in text.split('\n'):
-    header = re.match(r'^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$', line)
-    if header and not line.startswith(' '):
-      current = computations.setdefault(header.group(1), [])
-      continue
-    m = re.match(r'^\s*(?:ROOT )?%?([\w.\-]+) = ', line)
-    if not m or current is None:
-      continue
-    rest = line[m.end():]
-    end = _balanced(rest, 0) if rest.startswith('(') else rest.find(' ')
-    shape, rest = rest[:end], rest[end:].lstrip()
-    paren = rest.find('(')
-    if paren < 0:
-      continue
-    opcode = rest[:paren]
-    close = _balanced(rest, paren)
-    operands = re.findall(r'%([\w.\-]+)', rest[paren:close])
-    attributes = rest[close:]
-    calls = re.search(r'calls=%?([\w.\-]+)', attributes)
-    op_name = re.search(r'op_name="([^"]*)"', attributes)
-    instructions[m.group(1)] = Instruction(
-        shape, opcode, operands, calls.group(1) if calls else None,
-        op_name.group(1) if op_name else '', attributes)
-    current.append(m.group(1))
-  return instructions, computations, _frames(text)
-
-
-def dot_flops(ins: Instruction, instructions: dict) -> float:
-  """FLOPs of a ``dot``: 2 x output elements x contracted size."""
-  lhs = instructions.get(ins.operands[0]) if ins.operands else None
-  contracting = re.search(r'lhs_contracting_dims=\{([\d,]*)\}', ins.attributes)
-  if lhs is None or contracting is None:
-    return 0.0
-  dims = _dims(lhs.shape)
-  k = math.prod(dims[int(i)] for i in contracting.group(1).split(',') if i)
-  return 2.0 * math.prod(_dims(ins.shape)) * k
-
-
-def flops(name: str, instructions: dict, computations: dict) -> float:
-  """Matrix-product FLOPs of one instruction (of the dots a fusion calls)."""
-  ins = instructions[name]
-  if ins.opcode == 'dot':
-    return dot_flops(ins, instructions)
-  if ins.opcode == 'fusion' and ins.calls in computations:
-    return sum(dot_flops(instructions[n], instructions)
-               for n in computations[ins.calls]
-               if instructions[n].opcode == 'dot')
-  return 0.0
 
 
 def origin(name: str, instructions: dict, computations: dict,
@@ -233,11 +119,12 @@ def kernel_events(trace_dir: str, module: str) -> list:
           and e['args'].get('hlo_module') == module]
 
 
-def profile(run, hlo_text: str, *, calls: int = 3, top: int = 25) -> dict:
+def profile(run, hlo: str, *, calls: int = 3, top: int = 25) -> dict:
   """Times ``calls`` calls of ``run()`` (already compiled and warm), then
-  profiles as many more, and attributes the kernels to ``hlo_text``."""
-  instructions, computations, frames = parse_hlo(hlo_text)
-  module = re.match(r'HloModule ([\w.\-]+)', hlo_text).group(1)
+  profiles as many more, and attributes the kernels to ``hlo``, the compiled
+  module's text (:mod:`experiments.benchmark.hlo_text`)."""
+  instructions, computations, frames = parse_hlo(hlo)
+  module = re.match(r'HloModule ([\w.\-]+)', hlo).group(1)
   users_of = collections.defaultdict(list)
   for user, ins in instructions.items():
     for operand in ins.operands:
@@ -302,13 +189,8 @@ def profile(run, hlo_text: str, *, calls: int = 3, top: int = 25) -> dict:
 
 def build(what: str, size: str, *, batch: int | None = None,
           length: int = 64):
-  """``(run, hlo_text, description)`` for one benchmark program, compiled
+  """``(run, hlo, description)`` for one benchmark program, compiled
   and run once (``what`` in :data:`WHATS`)."""
-  from experiments.benchmark.decode import _decode_params
-  from experiments.benchmark.train import JaxTrain
-  from xfmr_jax import config as config_lib
-  from xfmr_jax import decode
-  from xfmr_jax.model import Transformer
   if what not in WHATS:
     raise ValueError(f'--what must be one of {WHATS}, got {what!r}')
   if size not in SIZES:
@@ -322,7 +204,7 @@ def build(what: str, size: str, *, batch: int | None = None,
             f'train step, batch {rows} x {spec["length"]} + {spec["length"]}')
   rows = 1 if what == 'greedy_b1' else batch or spec['decode_batch']
   model = Transformer(cfg)
-  params = _decode_params(model, spec['length'])
+  params = decode_params(model, spec['length'])
   inputs = jnp.asarray(random_batch(cfg.vocab_size, rows, spec['length'],
                                     seed=1)['inputs'])
   if what == 'beam4':
@@ -366,7 +248,8 @@ def parse_args(argv):
   p.add_argument('--size', default='small', help=f'one of {sorted(SIZES)}')
   p.add_argument('--what', default='beam4', help=f'one of {WHATS}')
   p.add_argument('--batch', type=int, default=None,
-                 help="rows (default: the size's train or decode batch)")
+                 help="rows (default: the size's train or decode batch; "
+                      'greedy_b1 decodes one)')
   p.add_argument('--length', type=int, default=64,
                  help='decoder steps of a decoding call')
   p.add_argument('--calls', type=int, default=3,
