@@ -1,4 +1,5 @@
 """The per-operation profile: HLO parsing, FLOPs, attribution, the CLI."""
+import inspect
 import json
 import re
 
@@ -26,9 +27,16 @@ def _program(rows):
   return run, compiled.as_text(), args
 
 
-def test_parsed_hlo_gives_shapes_bytes_and_product_flops():
+def test_parsed_hlo_gives_shapes_bytes_product_flops_and_frames():
   _, hlo, args = _program(rows=16)
-  instructions, computations, _ = hlo_text.parse_hlo(hlo)
+  instructions, computations, frames = hlo_text.parse_hlo(hlo)
+  # Each product's stack frame names the function, file and line of its `@`.
+  lines, first = inspect.getsourcelines(_program)
+  expected = {f'_program.<locals>.f (test_op_profile.py:{first + k})'
+              for k, line in enumerate(lines) if ' @ w' in line}
+  assert len(expected) == 2
+  assert {frames[i.stack_frame] for i in instructions.values()
+          if i.opcode == 'dot'} == expected
   fused = {i.calls for i in instructions.values() if i.opcode == 'fusion'}
   # The entry computation: the one no instruction calls.
   entry, = [c for c in computations if not any(
@@ -92,3 +100,5 @@ def test_cli_profiles_a_train_step_and_refuses_unknown_programs(tmp_path,
     op_profile.main(['--size', 'tiny', '--what', 'sampling'])
   with pytest.raises(SystemExit, match='--size must be one of'):
     op_profile.main(['--size', 'huge'])
+  with pytest.raises(SystemExit, match='--calls must be at least 1, got 0'):
+    op_profile.main(['--size', 'tiny', '--calls', '0'])

@@ -261,6 +261,10 @@ def parse_args(argv):
 
 def main(argv=None):
   args = parse_args(sys.argv[1:] if argv is None else argv)
+  for name in ('batch', 'length', 'calls', 'top'):
+    value = getattr(args, name)
+    if value is not None and value < 1:
+      sys.exit(f'error: --{name} must be at least 1, got {value}')
   try:
     run, hlo, title = build(args.what, args.size, batch=args.batch,
                             length=args.length)
