@@ -102,3 +102,20 @@ def test_cli_profiles_a_train_step_and_refuses_unknown_programs(tmp_path,
     op_profile.main(['--size', 'huge'])
   with pytest.raises(SystemExit, match='--calls must be at least 1, got 0'):
     op_profile.main(['--size', 'tiny', '--calls', '0'])
+  with pytest.raises(SystemExit, match=r"no field \['scan'\]"):
+    op_profile.main(['--size', 'tiny', '--set', 'scan=True'])
+  with pytest.raises(SystemExit, match='--set takes FIELD=VALUE'):
+    op_profile.main(['--size', 'tiny', '--set', 'scan_layers'])
+
+
+def test_cli_profiles_a_changed_model():
+  """``--set`` changes the model: the scanned stack runs its layers in a
+  loop, so each layer's kernels are one group without a layer index."""
+  res = op_profile.profile(*op_profile.build(
+      'greedy', 'tiny', length=4,
+      changes=op_profile._changes(['scan_layers=True']))[:2],
+      calls=1, top=500)
+  sources = ' '.join(g['source'] for g in res['groups'])
+  assert 'decoder_*' not in sources and 'decoder/' in sources
+  assert op_profile._changes(['positional=rope', 'd_ff=64']) == dict(
+      positional='rope', d_ff=64)

@@ -26,7 +26,9 @@ benchmark's ``bandwidth``).
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
+import dataclasses
 import glob
 import gzip
 import json
@@ -188,15 +190,21 @@ def profile(run, hlo: str, *, calls: int = 3, top: int = 25) -> dict:
 
 
 def build(what: str, size: str, *, batch: int | None = None,
-          length: int = 64):
+          length: int = 64, changes: dict | None = None):
   """``(run, hlo, description)`` for one benchmark program, compiled
-  and run once (``what`` in :data:`WHATS`)."""
+  and run once (``what`` in :data:`WHATS`; ``changes``: ModelConfig fields
+  set beside the size's, such as ``scan_layers=True``)."""
   if what not in WHATS:
     raise ValueError(f'--what must be one of {WHATS}, got {what!r}')
   if size not in SIZES:
     raise ValueError(f'--size must be one of {sorted(SIZES)}, got {size!r}')
   spec = SIZES[size]
-  cfg = config_lib.ModelConfig(**spec['model'], dropout_rate=DROPOUT)
+  fields = dict(spec['model'], dropout_rate=DROPOUT)
+  unknown = set(changes or {}) - {f.name for f in
+                                  dataclasses.fields(config_lib.ModelConfig)}
+  if unknown:
+    raise ValueError(f'--set: ModelConfig has no field {sorted(unknown)}')
+  cfg = config_lib.ModelConfig(**{**fields, **(changes or {})})
   if what == 'train':
     rows = batch or spec['batch']
     step = JaxTrain(cfg, random_batch(cfg.vocab_size, rows, spec['length']))
@@ -255,8 +263,26 @@ def parse_args(argv):
   p.add_argument('--calls', type=int, default=3,
                  help='calls timed, then as many profiled')
   p.add_argument('--top', type=int, default=25, help='source groups shown')
+  p.add_argument('--set', action='append', default=[], metavar='FIELD=VALUE',
+                 help='a ModelConfig field to change, e.g. scan_layers=True '
+                 '(repeatable)')
   p.add_argument('--json', default=None, help='write the profile here')
   return p.parse_args(argv)
+
+
+def _changes(pairs) -> dict:
+  """``['scan_layers=True', 'positional=rope']`` -> ``{'scan_layers': True,
+  'positional': 'rope'}`` (a value that is no Python literal is a string)."""
+  changes = {}
+  for pair in pairs:
+    name, sep, value = pair.partition('=')
+    if not sep or not name:
+      raise ValueError(f'--set takes FIELD=VALUE, got {pair!r}')
+    try:
+      changes[name] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      changes[name] = value
+  return changes
 
 
 def main(argv=None):
@@ -267,13 +293,15 @@ def main(argv=None):
       sys.exit(f'error: --{name} must be at least 1, got {value}')
   try:
     run, hlo, title = build(args.what, args.size, batch=args.batch,
-                            length=args.length)
+                            length=args.length, changes=_changes(args.set))
   except ValueError as e:
     sys.exit(f'error: {e}')
   log(f'[{args.size}] {args.what}: profiling {args.calls} calls ...')
   res = profile(run, hlo, calls=args.calls, top=args.top)
-  res.update(size=args.size, what=args.what, title=title)
-  print(format_profile(res, f'{args.size}: {title}'))
+  res.update(size=args.size, what=args.what, title=title,
+             changes=_changes(args.set))
+  changed = ''.join(f', {pair}' for pair in args.set)
+  print(format_profile(res, f'{args.size}{changed}: {title}'))
   if args.json:
     with open(args.json, 'w') as f:
       json.dump(res, f, indent=1)
