@@ -108,7 +108,7 @@ def test_cli_profiles_a_train_step_and_refuses_unknown_programs(tmp_path,
     op_profile.main(['--size', 'tiny', '--set', 'scan_layers'])
 
 
-def test_cli_profiles_a_changed_model():
+def test_set_changes_the_profiled_model():
   """``--set`` changes the model: the scanned stack runs its layers in a
   loop, so each layer's kernels are one group without a layer index."""
   res = op_profile.profile(*op_profile.build(
