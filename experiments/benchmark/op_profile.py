@@ -152,17 +152,22 @@ def profile(run, hlo: str, *, calls: int = 3, top: int = 25) -> dict:
   groups = collections.defaultdict(lambda: dict(us=0.0, kernels=0, flops=0.0,
                                                 bytes=0.0))
   total_us = matmul_us = matmul_flops = 0.0
+  # Each instruction's source, FLOPs and bytes once, however often it ran.
+  runs = collections.defaultdict(lambda: [0.0, 0])
   for name, us in events:
+    runs[name][0] += us
+    runs[name][1] += 1
+  for name, (us, count) in runs.items():
     ins = instructions.get(name)
     key = (origin(name, instructions, computations, frames, users_of) if ins
            else f'({name})')
-    f = flops(name, instructions, computations) if ins else 0.0
-    moved = (shape_bytes(ins.shape) + sum(
+    f = count * flops(name, instructions, computations) if ins else 0.0
+    moved = count * (shape_bytes(ins.shape) + sum(
         shape_bytes(instructions[o].shape) for o in ins.operands
         if o in instructions)) if ins else 0.0
     g = groups[key]
     g['us'] += us
-    g['kernels'] += 1
+    g['kernels'] += count
     g['flops'] += f
     g['bytes'] += moved
     total_us += us
@@ -292,14 +297,14 @@ def main(argv=None):
     if value is not None and value < 1:
       sys.exit(f'error: --{name} must be at least 1, got {value}')
   try:
+    changes = _changes(args.set)
     run, hlo, title = build(args.what, args.size, batch=args.batch,
-                            length=args.length, changes=_changes(args.set))
+                            length=args.length, changes=changes)
   except ValueError as e:
     sys.exit(f'error: {e}')
   log(f'[{args.size}] {args.what}: profiling {args.calls} calls ...')
   res = profile(run, hlo, calls=args.calls, top=args.top)
-  res.update(size=args.size, what=args.what, title=title,
-             changes=_changes(args.set))
+  res.update(size=args.size, what=args.what, title=title, changes=changes)
   changed = ''.join(f', {pair}' for pair in args.set)
   print(format_profile(res, f'{args.size}{changed}: {title}'))
   if args.json:
