@@ -77,3 +77,19 @@ import os
 # had (``USER_OMP_WAIT_POLICY``; None: OpenMP's default), see ``torch_worker``.
 USER_OMP_WAIT_POLICY = os.environ.get('OMP_WAIT_POLICY')
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+
+
+def cold_env() -> dict:
+  """The environment for a child process whose compile or start-up is timed:
+  without ``JAX_COMPILATION_CACHE_DIR``, so that a persistent compilation cache
+  the caller's environment names cannot replay earlier compiles."""
+  return {k: v for k, v in os.environ.items()
+          if k != 'JAX_COMPILATION_CACHE_DIR'}
+
+
+def no_compilation_cache():
+  """This process's compiles are timed cold, whatever the environment says.
+  The commands call it first thing: JAX decides whether to use the cache at
+  a process's first compile."""
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update('jax_enable_compilation_cache', False)

@@ -120,7 +120,7 @@ def run_child(name: str, size: str, *, calls: int | None, min_round_s: float,
   proc = subprocess.run(
       [sys.executable, '-m', 'experiments.benchmark.isolated',
        json.dumps(spec)], capture_output=True, text=True,
-      timeout=CHILD_TIMEOUT_S, check=False)
+      timeout=CHILD_TIMEOUT_S, check=False, env=package.cold_env())
   lines = [l for l in proc.stdout.splitlines() if l.startswith(_RESULT)]
   if proc.returncode or not lines:
     raise RuntimeError(f'benchmark process for {name} ({size}) failed with '

@@ -201,4 +201,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == '__main__':
+  package.no_compilation_cache()
   main()
