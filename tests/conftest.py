@@ -1,8 +1,25 @@
 """Shared fixtures. Tests run on the CPU backend with float32 arithmetic."""
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
+# One persistent XLA compilation cache for the whole run: many tests compile
+# the same programs (the tiny trainer in each subprocess run, the same model
+# in several files), and XLA's compile is most of the suite's time. pytest-xdist
+# workers and the tests' subprocesses inherit the folder through the
+# environment; the process that made it removes it at the end (see
+# ``pytest_unconfigure``). A size limit turns on JAX's file lock, which the
+# concurrent writers need. Set JAX_COMPILATION_CACHE_DIR to use a folder of
+# your own instead (kept between runs).
+_OWN_CACHE = None
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  _OWN_CACHE = tempfile.mkdtemp(prefix='xfmr_jax_tests_xla_cache_')
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = _OWN_CACHE
+  os.environ.setdefault('JAX_COMPILATION_CACHE_MAX_SIZE', str(16 << 30))
+
+import filelock  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -27,31 +44,62 @@ def data_dir(tmp_path_factory):
   return d
 
 
+def built_once(tmp_path_factory, name, build):
+  """The folder ``name``, filled by ``build(folder)`` once per test run.
+
+  pytest-xdist runs the files in several processes, each with its own session
+  fixtures, so a session fixture alone would train the shared model once in
+  every process that needs it. The processes share the parent of their
+  temporary folders: the first to get the lock builds there, the others wait
+  for it and reuse the folder. A build that raises leaves no folder behind,
+  and the next process to ask tries again (and reports its own error).
+  """
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    root = root.parent
+  folder, done = root / name, root / f'{name}.done'
+  with filelock.FileLock(root / f'{name}.lock'):
+    if not done.exists():
+      shutil.rmtree(folder, ignore_errors=True)
+      folder.mkdir()
+      try:
+        build(folder)
+      except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+      done.touch()
+  return folder
+
+
 @pytest.fixture(scope='session')
 def trained_workdir(data_dir, tmp_path_factory):
   """A toy model trained briefly (300 steps): it gets short sentences right.
-  Shared by the translate and serving tests."""
+  Shared by the translate, serving and service tests (read only: a test that
+  changes a workdir copies it first)."""
   from tests.test_train import tiny_config
   from xfmr_jax import training_loop
-  wd = tmp_path_factory.mktemp('trained')
-  cfg = tiny_config(data_dir, num_train_steps=300, vocab_size=600,
-                    lr_scale=0.5, warmup_steps=100, batch_size=32,
-                    max_length=64, checkpoint_every=300, log_every=50,
-                    test_samples=64)
-  cfg.model.update(d_model=128, num_heads=4, num_encoder_layers=2,
-                   num_decoder_layers=2, d_ff=256, max_len=128)
-  training_loop.train_and_evaluate(cfg, str(wd))
-  return wd
+
+  def train(wd):
+    cfg = tiny_config(data_dir, num_train_steps=300, vocab_size=600,
+                      lr_scale=0.5, warmup_steps=100, batch_size=32,
+                      max_length=64, checkpoint_every=300, log_every=50,
+                      test_samples=64)
+    cfg.model.update(d_model=128, num_heads=4, num_encoder_layers=2,
+                     num_decoder_layers=2, d_ff=256, max_len=128)
+    training_loop.train_and_evaluate(cfg, str(wd))
+  return built_once(tmp_path_factory, 'trained', train)
 
 
 @pytest.fixture(scope='session')
 def exported_artifact(trained_workdir, tmp_path_factory):
   """``trained_workdir`` exported with beam sizes 4 and 1, batch size 8."""
   from xfmr_jax import export
-  out = tmp_path_factory.mktemp('export') / 'artifact'
-  export.export_workdir(str(trained_workdir), str(out), beam_sizes=(4, 1),
-                        batch_size=8, progress=lambda line: None)
-  return out
+
+  def export_it(folder):
+    export.export_workdir(str(trained_workdir), str(folder / 'artifact'),
+                          beam_sizes=(4, 1), batch_size=8,
+                          progress=lambda line: None)
+  return built_once(tmp_path_factory, 'export', export_it) / 'artifact'
 
 
 # Further cases of what the default run already checks, left to
@@ -130,6 +178,12 @@ SLOW = {
         'test_sharding[test_variant_trains_and_decodes_like_one_device[decoder_only_linear_favor_rope_peri]]',
     ],
 }
+
+
+def pytest_unconfigure(config):
+  del config
+  if _OWN_CACHE is not None:
+    shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)
