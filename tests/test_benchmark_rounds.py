@@ -126,17 +126,35 @@ def _spin(seconds):
     pass
 
 
-def _others_running(seconds):
-  """Mean over ``seconds`` of the kernel's run queue less this thread (an
-  independent estimate of other jobs' busy cores while we sleep)."""
-  samples, t0 = [], time.perf_counter()
-  while time.perf_counter() - t0 < seconds:
-    with open('/proc/stat') as f:
-      running = next(int(l.split()[1]) for l in f
-                     if l.startswith('procs_running'))
-    samples.append(min(running - 1, os.cpu_count()))
-    time.sleep(0.005)
-  return sum(samples) / len(samples)
+def _cpu_s_of_each_process():
+  """{pid: user + system CPU seconds of its own threads} for every process,
+  from ``/proc/<pid>/stat`` (children's time left out: it would arrive all at
+  once when a child is reaped)."""
+  out = {}
+  for name in os.listdir('/proc'):
+    if not name.isdigit():
+      continue
+    try:
+      with open(f'/proc/{name}/stat') as f:
+        stat = f.read()
+    except OSError:
+      continue   # gone meanwhile
+    rest = stat[stat.rindex(')') + 2:].split()
+    out[int(name)] = (int(rest[11]) + int(rest[12])) * load.TICK_S
+  return out
+
+
+def _others_busy(seconds):
+  """Busy cores of all other processes while we sleep ``seconds``, summed
+  process by process: an independent estimate of the foreign load (the
+  machine's total in ``/proc/stat`` less our own). A process started in the
+  window counts whole; one that ends in it is missed."""
+  before, t0 = _cpu_s_of_each_process(), time.perf_counter()
+  time.sleep(seconds)
+  after, wall = _cpu_s_of_each_process(), time.perf_counter() - t0
+  me = os.getpid()
+  return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items()
+             if pid != me) / wall
 
 
 @needs_proc
@@ -152,21 +170,25 @@ def test_foreign_load_counts_other_processes_not_ours():
   own = (load.own_cpu_s() - own0) / wall
   assert spent > 0.1 and abs(own * wall - spent) < 0.05
   assert (load.machine_busy_s() - busy0) / wall > own - 0.3
-  # Idle, the load agrees with the run queue (small on a quiet machine).
+  # Whatever else runs, the load agrees with the other processes' own times.
   stop = load.window()
-  assert abs(_others_running(0.5) - stop()) < 0.4
+  assert abs(_others_busy(0.5) - stop()) < 0.4
   spinner = subprocess.Popen([sys.executable, '-c', 'while True: pass'])
   try:
     time.sleep(0.3)   # started
     stop = load.window()
-    others = _others_running(0.5)
+    others = _others_busy(0.5)
     foreign = stop()
     assert foreign >= 0.5 and abs(others - foreign) < 0.4
     # Counted as one of ours (a worker we drive), it is not foreign: the same
-    # window measured both ways differs by the spinner's share of a core.
+    # window measured both ways differs by the spinner's share of the cores
+    # (which depends on what else runs).
     alien, ours = load.window(), load.window([spinner.pid])
+    spun, t0 = _cpu_s_of_each_process()[spinner.pid], time.perf_counter()
     time.sleep(0.5)
-    assert alien() - ours() > 0.3
+    share = ((_cpu_s_of_each_process()[spinner.pid] - spun) /
+             (time.perf_counter() - t0))
+    assert share > 0.1 and abs(alien() - ours() - share) < 0.1
   finally:
     spinner.kill()
     spinner.wait()
