@@ -109,14 +109,11 @@ def test_resuming_with_another_model_names_the_fields(data_dir, tmp_path):
   assert_rejected(cmd, workdir, 'vocab_size (300 there, 200 here)')
 
 
-@pytest.fixture(scope='module')
-def trained(data_dir, tmp_path_factory):
-  workdir = tmp_path_factory.mktemp('trained')
-  ok = subprocess.run(train_command(data_dir, workdir, num_train_steps=4,
-                                    checkpoint_every=4, log_every=2),
-                      cwd=ROOT, capture_output=True, timeout=300)
-  assert ok.returncode == 0, ok.stderr.decode()
-  return workdir
+@pytest.fixture
+def trained(trained_workdir):
+  """The suite's shared trained workdir: a rejected command must leave it
+  as it was (``assert_rejected`` compares it before and after)."""
+  return trained_workdir
 
 
 @pytest.mark.parametrize('flags, expected', [
