@@ -109,13 +109,6 @@ def test_resuming_with_another_model_names_the_fields(data_dir, tmp_path):
   assert_rejected(cmd, workdir, 'vocab_size (300 there, 200 here)')
 
 
-@pytest.fixture
-def trained(trained_workdir):
-  """The suite's shared trained workdir: a rejected command must leave it
-  as it was (``assert_rejected`` compares it before and after)."""
-  return trained_workdir
-
-
 @pytest.mark.parametrize('flags, expected', [
     (['--batch_size=-3'], '--batch_size must be at least 1, got -3'),
     (['--batch_size=0'], '--batch_size must be at least 1, got 0'),
@@ -124,19 +117,20 @@ def trained(trained_workdir):
     (['--top_p=0'], '--top_p must be in (0, 1]'),
     (['--workdir=/nonexistent/run'], 'is not a directory'),
 ])
-def test_translate_rejects_bad_flags(trained, flags, expected):
-  cmd = [sys.executable, '-m', 'experiments.translate', f'--workdir={trained}',
+def test_translate_rejects_bad_flags(trained_workdir, flags, expected):
+  cmd = [sys.executable, '-m', 'experiments.translate',
+         f'--workdir={trained_workdir}',
          *flags]
-  assert_rejected(cmd, trained, expected, stdin=b'eins\nzwei\n')
+  assert_rejected(cmd, trained_workdir, expected, stdin=b'eins\nzwei\n')
 
 
-def test_translate_names_a_damaged_config_file(trained, tmp_path):
+def test_translate_names_a_damaged_config_file(trained_workdir, tmp_path):
   broken = tmp_path / 'broken'
   broken.mkdir()
-  for p in trained.iterdir():
+  for p in trained_workdir.iterdir():
     if p.is_file():
       (broken / p.name).write_bytes(p.read_bytes())
-  (broken / 'checkpoints').symlink_to(trained / 'checkpoints')
+  (broken / 'checkpoints').symlink_to(trained_workdir / 'checkpoints')
   (broken / 'config.json').write_text('{not json')
   cmd = [sys.executable, '-m', 'experiments.translate', f'--workdir={broken}']
   assert_rejected(cmd, broken, 'config.json cannot be read as JSON',
