@@ -28,6 +28,8 @@ import time
 from absl import app, flags
 import numpy as np
 
+from xfmr_jax.extras import require
+
 _SCHEMES = flags.DEFINE_list(
     'schemes', ['sinusoidal', 'learned', 'rope', 'alibi'], 'Positional schemes.')
 _ATTENTION = flags.DEFINE_list(
@@ -144,7 +146,7 @@ def table(results) -> str:
 
 def plot(results, path: str) -> None:
   """Exact match by source-length bin: the mean over seeds, and their range."""
-  import matplotlib
+  matplotlib = require('matplotlib', 'the length-generalization plot')
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(7, 4))

@@ -22,6 +22,7 @@ from absl import flags
 from absl import logging as absl_logging
 
 from experiments import entry
+from xfmr_jax.extras import require
 
 _ARTIFACT = flags.DEFINE_string('artifact', None,
                                 'Folder written by experiments.export.')
@@ -75,7 +76,7 @@ def main(argv):
   if not entry.verbose():
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger().setLevel(logging.WARNING)
-  import uvicorn
+  uvicorn = require('uvicorn', 'python -m experiments.serve')
   if _CACHE.value:
     import jax
     jax.config.update('jax_compilation_cache_dir', _CACHE.value)

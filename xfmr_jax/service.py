@@ -35,12 +35,15 @@ import time
 from typing import Callable, Hashable, Sequence
 
 import numpy as np
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
+from xfmr_jax.extras import require
 from xfmr_jax.serving import ExportedTranslator, InputTooLong
+
+_WHY = 'the HTTP service (xfmr_jax.service)'
+Starlette = require('starlette.applications', _WHY).Starlette
+Request = require('starlette.requests', _WHY).Request
+JSONResponse = require('starlette.responses', _WHY).JSONResponse
+Route = require('starlette.routing', _WHY).Route
 
 FIELDS = ('texts', 'beam_size')
 

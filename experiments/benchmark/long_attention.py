@@ -35,6 +35,7 @@ import numpy as np
 
 from experiments.benchmark.common import log, machine
 from xfmr_jax import config, layers, losses, masks, model
+from xfmr_jax.extras import require
 
 KINDS = {
     'full': dict(),
@@ -195,7 +196,7 @@ def table(results) -> str:
 
 
 def plot(results, path):
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib = require('matplotlib', 'the long-attention plot')
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(2, 2, figsize=(10, 7.5))

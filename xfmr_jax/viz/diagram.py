@@ -2,10 +2,8 @@
 each box labelled with the function that implements it."""
 from __future__ import annotations
 
-import matplotlib
-
 from xfmr_jax.config import ModelConfig
-from xfmr_jax.viz.figure import axes_or_new
+from xfmr_jax.viz.figure import axes_or_new, matplotlib
 
 
 def _box(ax, x, y, w, h, text, color, fontsize=8, sub=None):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import sys
 
-import matplotlib
+from xfmr_jax.extras import require
 
+matplotlib = require('matplotlib', 'xfmr_jax.viz (the figures)')
 if 'ipykernel' not in sys.modules and 'MPLBACKEND' not in os.environ:
   matplotlib.use('Agg', force=False)  # headless scripts; notebooks keep inline
 import matplotlib.pyplot as plt  # noqa: E402
