@@ -106,6 +106,31 @@ def make_optimizer(*, d_model: int, warmup_steps: int, lr_scale: float = 1.0,
   return tx
 
 
+def schedule_from_config(config) -> optax.Schedule:
+  """The learning rate of each update of a training config's optimizer
+  (:func:`from_config`). ``lr_schedule`` 'paper' is equation 3 scaled by
+  ``lr_scale``; 'linear' (for fine-tuning) warms up to ``learning_rate`` and
+  decays linearly over the run's ``num_train_steps``."""
+  if config.get('lr_schedule', 'paper') == 'linear':
+    return linear_schedule(config.learning_rate, config.warmup_steps,
+                           config.num_train_steps)
+  return paper_schedule(config.model.d_model, config.warmup_steps,
+                        config.lr_scale)
+
+
+def from_config(config) -> optax.GradientTransformation:
+  """The optimizer of a training config (``ml_collections``, see
+  ``experiments/configs``): what training builds and what loading a
+  checkpoint restores into, so that the two agree on its state's tree."""
+  return make_optimizer(
+      d_model=config.model.d_model, warmup_steps=config.warmup_steps,
+      lr_scale=config.lr_scale, learning_rate=schedule_from_config(config),
+      b1=config.adam_b1, b2=config.adam_b2,
+      eps=config.adam_eps, grad_clip_norm=config.grad_clip_norm,
+      grad_accum_steps=config.grad_accum_steps,
+      ema_decay=config.get('ema_decay', 0.0))  # older configs predate it
+
+
 def _states_of(opt_state, kind) -> list:
   """The sub-states of type ``kind`` inside a (chained, wrapped) optax state."""
   is_kind = lambda x: isinstance(x, kind)

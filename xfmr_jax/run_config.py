@@ -8,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import flax.linen as nn
 import jax
 
 from xfmr_jax import data, sharding
+from xfmr_jax import model as model_lib
 from xfmr_jax.config import ModelConfig
 
 
@@ -47,6 +49,13 @@ def model_config(config, vocab_size: int) -> ModelConfig:
     return ModelConfig(vocab_size=vocab_size, **config.model.to_dict())
   except (TypeError, ValueError) as e:
     raise ConfigError(f'config.model: {e}') from None
+
+
+def build_model(config, vocab_size: int) -> nn.Module:
+  """The model of a training config and the tokenizer's vocabulary (its
+  optimizer is :func:`xfmr_jax.optim.from_config`); training and loading a
+  workdir both build it here, so that they agree on the parameter tree."""
+  return model_lib.build(model_config(config, vocab_size))
 
 
 def data_source(config, split: str):

@@ -25,11 +25,11 @@ import ml_collections
 import numpy as np
 import optax
 
-from xfmr_jax import checkpoint, marian_tokenizer, model as model_lib, optim
+from xfmr_jax import checkpoint, marian_tokenizer, optim
 from xfmr_jax import train_state
 from xfmr_jax.data import pipeline
 from xfmr_jax.run_config import (CHANGEABLE_MODEL_FIELDS, ConfigError,
-                                 model_config)
+                                 build_model)
 from xfmr_jax.tokenizer import MODEL_FILENAME as TOKENIZER_FILE
 from xfmr_jax.tokenizer import Tokenizer
 
@@ -41,28 +41,14 @@ FINAL_METRICS_FILE = 'final_metrics.json'
 
 
 def schedule(config) -> optax.Schedule:
-  """The learning rate of each optimizer update: the schedule inside
-  :func:`build_model_and_optimizer`'s optimizer. ``lr_schedule`` 'paper' is
-  equation 3 scaled by ``lr_scale``; 'linear' (for fine-tuning) warms up to
-  ``learning_rate`` and decays linearly over the run."""
-  if config.get('lr_schedule', 'paper') == 'linear':
-    return optim.linear_schedule(config.learning_rate, config.warmup_steps,
-                                 config.num_train_steps)
-  return optim.paper_schedule(config.model.d_model, config.warmup_steps,
-                              config.lr_scale)
+  """:func:`xfmr_jax.optim.schedule_from_config`."""
+  return optim.schedule_from_config(config)
 
 
 def build_model_and_optimizer(config, vocab_size: int):
-  """``(model, tx)`` of a training config and the tokenizer's vocabulary."""
-  model = model_lib.build(model_config(config, vocab_size))
-  tx = optim.make_optimizer(
-      d_model=config.model.d_model, warmup_steps=config.warmup_steps,
-      lr_scale=config.lr_scale, learning_rate=schedule(config),
-      b1=config.adam_b1, b2=config.adam_b2,
-      eps=config.adam_eps, grad_clip_norm=config.grad_clip_norm,
-      grad_accum_steps=config.grad_accum_steps,
-      ema_decay=config.get('ema_decay', 0.0))  # older configs predate it
-  return model, tx
+  """``(model, tx)`` of a training config and the tokenizer's vocabulary:
+  :func:`xfmr_jax.run_config.build_model` and :func:`xfmr_jax.optim.from_config`."""
+  return build_model(config, vocab_size), optim.from_config(config)
 
 
 def read_config(workdir: str) -> dict:
