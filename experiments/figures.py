@@ -62,7 +62,7 @@ def untrained_figures(out_dir: str, only=None) -> list[str]:
 def trained_figures(out_dir: str, workdir: str, sentence: str | None = None,
                     only=None) -> list[str]:
   """Figures of a trained model in ``workdir``."""
-  from xfmr_jax import run_dir
+  from xfmr_jax.workdir import Workdir
   want = lambda name: only is None or name in only
   path = lambda name: os.path.join(out_dir, name + '.png')
   paths = []
@@ -71,8 +71,9 @@ def trained_figures(out_dir: str, workdir: str, sentence: str | None = None,
                           path('training_curve')))
   if not (want('cross_attention') or want('encoder_self_attention')):
     return paths
-  model, params, tokenizer, _ = run_dir.load_for_inference(workdir)
-  ex = viz.translation_attention(model, params, tokenizer,
+  trained = Workdir(workdir).load()
+  ex = viz.translation_attention(trained.model, trained.params,
+                                 trained.tokenizer,
                                  sentence or viz.EXAMPLE_SENTENCE)
   cross = ex['maps']['decoder_cross'][:, 0]           # [layers, heads, t, s]
   if want('cross_attention'):

@@ -95,23 +95,26 @@ def by_length(samples) -> dict:
 def run_one(scheme: str, seed: int, steps: int, tokenizer_path: str,
             attention: str = 'full') -> dict:
   """Train (unless done) and evaluate one scheme; returns its results."""
-  from xfmr_jax import evaluation, run_config, run_dir, training_loop
+  from xfmr_jax import evaluation, run_config, training_loop
+  from xfmr_jax.workdir import Workdir
   name = label(scheme, attention).replace(', ', '_').replace('=', '')
-  workdir = os.path.join(_WORKDIR.value, f'{name}_seed{seed}')
-  result_path = os.path.join(workdir, 'length_results.json')
+  workdir = Workdir(os.path.join(_WORKDIR.value, f'{name}_seed{seed}'))
+  result_path = os.path.join(workdir.path, 'length_results.json')
   if os.path.exists(result_path):
     with open(result_path) as f:
       return json.load(f)
   config = scheme_config(scheme, seed, steps, tokenizer_path, attention)
   start = time.time()
-  if not os.path.exists(os.path.join(workdir, 'final_metrics.json')):
-    metrics = training_loop.train_and_evaluate(config, workdir)
+  if not workdir.finished():
+    metrics = training_loop.train_and_evaluate(config, workdir.path)
     if 'stopped_by' in metrics:  # SIGTERM/SIGINT: checkpointed, not finished
       sys.exit(f'{scheme} seed {seed}: training stopped by '
                f"{metrics['stopped_by']}; run again to resume it")
   train_s = time.time() - start
-  model, params, tokenizer, config = run_dir.load_for_inference(workdir)
-  translator = evaluation.translator(config, model, params, tokenizer)
+  trained = workdir.load()
+  config = trained.config
+  translator = evaluation.translator(config, trained.model, trained.params,
+                                     trained.tokenizer)
   result = dict(scheme=label(scheme, attention), seed=seed, steps=steps,
                 train_seconds=round(train_s, 1))
   for split in ('test', 'long'):
@@ -190,7 +193,9 @@ def main(argv):
   log.setLevel(logging.INFO)
   log.addHandler(logging.StreamHandler())
   log.propagate = False
-  from xfmr_jax import run_config, run_dir
+  from xfmr_jax import run_config
+  from xfmr_jax.run_tokenizer import get_tokenizer
+  from xfmr_jax.tokenizer import MODEL_FILENAME
   from xfmr_jax.config import POSITIONALS
   from xfmr_jax.config import ATTENTION_KINDS
   for scheme in _SCHEMES.value:
@@ -203,11 +208,10 @@ def main(argv):
   # One tokenizer for every run, so the schemes differ in positions only.
   os.makedirs(_WORKDIR.value, exist_ok=True)
   config = scheme_config(_SCHEMES.value[0], 0, _STEPS.value, '')
-  tokenizer = run_dir.get_tokenizer(
-      config, _WORKDIR.value, run_config.data_source(config, config.train_split))
+  get_tokenizer(config, _WORKDIR.value,
+                run_config.data_source(config, config.train_split))
   tokenizer_path = os.path.join(os.path.abspath(_WORKDIR.value),
-                                'tokenizer.model')
-  del tokenizer
+                                MODEL_FILENAME)
   results = [run_one(scheme, int(seed), _STEPS.value, tokenizer_path, kind)
              for seed in _SEEDS.value for kind in _ATTENTION.value
              for scheme in _SCHEMES.value]

@@ -15,7 +15,7 @@ import jax
 import pytest
 
 from tests.test_train import tiny_config
-from xfmr_jax import checkpoint, run_dir, train_state
+from xfmr_jax import checkpoint, optim, run_config, train_state
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -195,7 +195,7 @@ def test_full_disk_ends_in_one_line_and_keeps_the_last_checkpoint(
   kept = max(int(p.name) for p in (workdir / 'checkpoints').iterdir()
              if p.name.isdigit())
   cfg = tiny_config(data_dir)
-  model, tx = run_dir.build_model_and_optimizer(cfg, 300)
+  model, tx = run_config.build_model(cfg, 300), optim.from_config(cfg)
   abstract = jax.eval_shape(lambda: train_state.init_state(model, tx, 0))
   ckpt = checkpoint.Checkpointer(str(workdir / 'checkpoints'),
                                  async_save=False)

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from experiments.configs import finetune
-from xfmr_jax import optim, run_config, run_dir
+from xfmr_jax import optim, run_config
+from xfmr_jax.finetune import apply_init_from
+from xfmr_jax.workdir import CONFIG_FILE
 
 
 def test_linear_schedule_warms_up_then_decays_to_near_zero():
@@ -30,10 +32,10 @@ def test_finetune_config_checks_name_the_field(tmp_path):
     run_config.validate_config(config)
   config.init_from = str(tmp_path / 'absent')
   with pytest.raises(run_config.ConfigError, match='init_from'):
-    run_dir.apply_init_from(config)
+    apply_init_from(config)
   config.init_from = str(tmp_path)
   with pytest.raises(run_config.ConfigError, match='config.json'):
-    run_dir.apply_init_from(config)
+    apply_init_from(config)
 
 
 def test_init_from_takes_the_model_but_keeps_dropout(tmp_path):
@@ -41,11 +43,11 @@ def test_init_from_takes_the_model_but_keeps_dropout(tmp_path):
   saved.model.update(d_model=64, num_heads=2, dropout_rate=0.3,
                      logits_bias='fixed')
   saved.vocab_size = 123
-  with open(os.path.join(tmp_path, run_dir.CONFIG_FILE), 'w') as f:
+  with open(os.path.join(tmp_path, CONFIG_FILE), 'w') as f:
     json.dump(json.loads(saved.to_json_best_effort()), f)
   config = finetune.get_config()
   config.init_from = str(tmp_path)
-  resolved = run_dir.apply_init_from(config)
+  resolved = apply_init_from(config)
   assert resolved.model.d_model == 64 and resolved.model.logits_bias == 'fixed'
   assert resolved.vocab_size == 123
   assert resolved.model.dropout_rate == config.model.dropout_rate == 0.1

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.test_train import tiny_config
-from xfmr_jax import checkpoint, run_dir, train_state, training_loop
+from xfmr_jax import checkpoint, optim, run_config, train_state, training_loop
 
 STEPS = dict(num_train_steps=16, checkpoint_every=4, eval_every=8, log_every=4)
 
@@ -34,7 +34,7 @@ def saved_steps(workdir):
 def final_state(data_dir, workdir, step=16):
   """(train state, data-iterator state) of checkpoint ``step``."""
   cfg = tiny_config(data_dir)
-  model, tx = run_dir.build_model_and_optimizer(cfg, 300)
+  model, tx = run_config.build_model(cfg, 300), optim.from_config(cfg)
   abstract = jax.eval_shape(lambda: train_state.init_state(model, tx, 0))
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                  async_save=False)

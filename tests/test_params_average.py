@@ -7,8 +7,9 @@ import pytest
 
 from tests.test_train import tiny_config
 from xfmr_jax import checkpoint, config, model as model_lib, optim
-from xfmr_jax import run_config, run_dir
+from xfmr_jax import run_config
 from xfmr_jax import train_state, train_steps, training_loop
+from xfmr_jax.workdir import Workdir
 
 
 def _tiny_model():
@@ -72,8 +73,9 @@ def test_workdir_translates_with_the_average(data_dir, tmp_path):
   c = tiny_config(data_dir, num_train_steps=20)
   assert c.ema_decay > 0  # the toy recipe averages
   training_loop.train_and_evaluate(c, str(tmp_path))
-  _, params, tokenizer, _ = run_dir.load_for_inference(str(tmp_path))
-  model, tx = run_dir.build_model_and_optimizer(c, tokenizer.vocab_size)
+  trained = Workdir(tmp_path).load()
+  params = trained.params
+  model, tx = trained.model, optim.from_config(c)
   abstract = jax.eval_shape(lambda: train_state.init_state(model, tx, c.seed))
   ckpt = checkpoint.Checkpointer(str(tmp_path / 'checkpoints'),
                                  async_save=False)

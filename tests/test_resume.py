@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.test_train import tiny_config
-from xfmr_jax import checkpoint, run_dir, train_state
+from xfmr_jax import checkpoint, optim, run_config, train_state
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def wait_for_checkpoint(proc, workdir, step, timeout=240):
 
 def final_params(data_dir, workdir, step):
   cfg = tiny_config(data_dir)
-  model, tx = run_dir.build_model_and_optimizer(cfg, 300)
+  model, tx = run_config.build_model(cfg, 300), optim.from_config(cfg)
   abstract = jax.eval_shape(lambda: train_state.init_state(model, tx, 0))
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                  async_save=False)

@@ -98,8 +98,9 @@ def test_output_ids_equal_translator_token_for_token(artifact, trained_workdir,
 
 
 def _model_params_tokenizer(workdir):
-  from xfmr_jax import run_dir
-  return run_dir.load_for_inference(str(workdir))[:3]
+  from xfmr_jax.workdir import Workdir
+  trained = Workdir(workdir).load()
+  return trained.model, trained.params, trained.tokenizer
 
 
 def _copy(artifact, tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import toy
-from xfmr_jax import checkpoint, losses, optim, run_config, run_dir
+from xfmr_jax import checkpoint, losses, optim, run_config
 from xfmr_jax import train_state, train_steps, training_loop
 
 
@@ -76,7 +76,7 @@ def test_smoothed_loss_matches_numpy(rng):
 
 def test_eval_metrics_ignore_padding(data_dir, rng):
   cfg = tiny_config(data_dir)
-  model, tx = run_dir.build_model_and_optimizer(cfg, 50)
+  model, tx = run_config.build_model(cfg, 50), optim.from_config(cfg)
   state = jax.jit(lambda: train_state.init_state(model, tx, 0))()
   _, eval_fn = train_steps.jit_steps(model, tx, 0.1)
   batch = {'inputs': rng.integers(3, 50, (2, 6)).astype(np.int32),
@@ -124,7 +124,7 @@ def test_damaged_newest_checkpoint_falls_back(data_dir, tmp_path, caplog):
   for f in (ckpt_dir / '20' / 'state').rglob('*'):
     if f.is_file():
       f.write_bytes(b'garbage')
-  model, tx = run_dir.build_model_and_optimizer(cfg, 300)
+  model, tx = run_config.build_model(cfg, 300), optim.from_config(cfg)
   abstract = jax.eval_shape(lambda: train_state.init_state(model, tx, 0))
   ckpt = checkpoint.Checkpointer(str(ckpt_dir), async_save=False)
   with caplog.at_level(logging.WARNING):
@@ -142,7 +142,7 @@ def test_nan_guard_stops_and_keeps_good_checkpoints(data_dir, tmp_path):
   ckpt_dir = tmp_path / 'checkpoints'
   steps = sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit())
   assert steps == [10]
-  model, tx = run_dir.build_model_and_optimizer(cfg, 300)
+  model, tx = run_config.build_model(cfg, 300), optim.from_config(cfg)
   abstract = jax.eval_shape(lambda: train_state.init_state(model, tx, 0))
   ckpt = checkpoint.Checkpointer(str(ckpt_dir), async_save=False)
   _, state, _, _ = ckpt.restore(abstract)
@@ -152,7 +152,7 @@ def test_nan_guard_stops_and_keeps_good_checkpoints(data_dir, tmp_path):
 
 def test_nan_step_leaves_state_unchanged(data_dir, rng):
   cfg = tiny_config(data_dir)
-  model, tx = run_dir.build_model_and_optimizer(cfg, 50)
+  model, tx = run_config.build_model(cfg, 50), optim.from_config(cfg)
   state = jax.jit(lambda: train_state.init_state(model, tx, 0))()
   train_fn, _ = train_steps.jit_steps(model, tx, 0.1, nan_at_step=0)
   batch = {'inputs': rng.integers(3, 50, (2, 6)).astype(np.int32),
@@ -219,7 +219,7 @@ def test_gradient_accumulation_equals_one_big_batch(rng):
 def test_bfloat16_compute_keeps_float32_parameters(data_dir, rng):
   cfg = tiny_config(data_dir)
   cfg.model.dtype = 'bfloat16'
-  model, tx = run_dir.build_model_and_optimizer(cfg, 50)
+  model, tx = run_config.build_model(cfg, 50), optim.from_config(cfg)
   state = jax.jit(lambda: train_state.init_state(model, tx, 0))()
   train_fn, _ = train_steps.jit_steps(model, tx, 0.1)
   batch = {'inputs': rng.integers(3, 50, (4, 6)).astype(np.int32),

@@ -35,10 +35,11 @@ import jaxlib
 import numpy as np
 from jax import export as jax_export
 
-from xfmr_jax import decode, run_dir, source_batches, translate
+from xfmr_jax import decode, source_batches, translate
 from xfmr_jax.model import SequenceModel
 from xfmr_jax import serving
 from xfmr_jax.serving import FORMAT, MANIFEST, PARAMS, sha256
+from xfmr_jax.workdir import Workdir
 
 PLATFORMS = ('cpu', 'cuda', 'rocm', 'tpu')
 
@@ -159,6 +160,7 @@ def export_workdir(workdir: str, out_dir: str, step: int | None = None,
   """:func:`export_translator` for the newest (or given) checkpoint of a
   training workdir; ``alpha`` and ``beam_rules`` default to the workdir's
   (as for ``Translator.from_workdir``)."""
-  model, params, tokenizer, config = run_dir.load_for_inference(workdir, step)
-  return export_translator(model, params, tokenizer, out_dir,
-                           **{**translate.beam_settings(config), **kwargs})
+  trained = Workdir(workdir).load(step)
+  return export_translator(
+      trained.model, trained.params, trained.tokenizer, out_dir,
+      **{**translate.beam_settings(trained.config), **kwargs})

@@ -32,9 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xfmr_jax import checkpoint, positional, run_dir, train_state
+from xfmr_jax import optim, positional, train_state
 from xfmr_jax.marian_tokenizer import MarianTokenizer
+from xfmr_jax.run_config import build_model
 from xfmr_jax.tokenizer import TokenizerError
+from xfmr_jax.workdir import Workdir
 
 log = logging.getLogger('xfmr_jax')
 
@@ -288,10 +290,12 @@ def write_workdir(workdir: str, config, params, tokenizer) -> None:
       ``vocab_size`` describe ``params``.
   """
   os.makedirs(workdir, exist_ok=True)
-  if os.path.exists(os.path.join(workdir, run_dir.CHECKPOINT_DIR)):
+  wd = Workdir(workdir)
+  if wd.has_checkpoints():
     raise MarianImportError(f'{workdir} already holds checkpoints; import '
                             'into a new workdir')
-  model, tx = run_dir.build_model_and_optimizer(config, tokenizer.vocab_size)
+  model = build_model(config, tokenizer.vocab_size)
+  tx = optim.from_config(config)
   fresh = jax.eval_shape(lambda: train_state.init_state(model, tx,
                                                          config.seed))
   shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)
@@ -305,9 +309,8 @@ def write_workdir(workdir: str, config, params, tokenizer) -> None:
       bad_step=jnp.full((), -1, jnp.int32))
   tokenizer.save(workdir)
   config_json = json.loads(config.to_json_best_effort())
-  run_dir.write_config(workdir, config_json)
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, run_dir.CHECKPOINT_DIR),
-                                 async_save=False)
+  wd.write_config(config_json)
+  ckpt = wd.checkpointer(async_save=False)
   try:
     ckpt.save(0, state, {}, config_json)
   finally:

@@ -19,11 +19,15 @@ import jax
 import ml_collections
 import tqdm
 
-from xfmr_jax import checkpoint, data, evaluation, optim, run_dir, sharding
+from xfmr_jax import checkpoint, data, evaluation, optim, sharding
 from xfmr_jax import model as model_lib
 from xfmr_jax import train_state, train_steps
+from xfmr_jax.finetune import apply_init_from, init_params
 from xfmr_jax.metrics_log import MetricsWriter, Throughput
-from xfmr_jax.run_config import check_resumable, data_source, validate_config
+from xfmr_jax.run_config import (build_model, check_resumable, data_source,
+                                 validate_config)
+from xfmr_jax.run_tokenizer import get_tokenizer
+from xfmr_jax.workdir import Workdir
 
 log = logging.getLogger('xfmr_jax')
 
@@ -80,12 +84,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
   wall_start = time.time()
-  config = run_dir.apply_init_from(config)
+  config = apply_init_from(config)
   validate_config(config)
   workdir = os.path.abspath(workdir)
   config_json = json.loads(config.to_json_best_effort())
-  if os.path.exists(os.path.join(workdir, run_dir.CONFIG_FILE)):
-    check_resumable(run_dir.read_config(workdir), config_json, workdir)
+  wd = Workdir(workdir)
+  if wd.has_config():
+    check_resumable(wd.read_config(), config_json, workdir)
   os.makedirs(workdir, exist_ok=True)
   is_main = jax.process_index() == 0
 
@@ -94,9 +99,10 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
   train_source = data_source(config, config.train_split)
   eval_source = data_source(config, config.eval_split)
   test_source = data_source(config, config.test_split)
-  tokenizer = run_dir.get_tokenizer(config, workdir, train_source)
-  model, tx = run_dir.build_model_and_optimizer(config, tokenizer.vocab_size)
-  schedule = run_dir.schedule(config)
+  tokenizer = get_tokenizer(config, workdir, train_source)
+  model = build_model(config, tokenizer.vocab_size)
+  tx = optim.from_config(config)
+  schedule = optim.schedule_from_config(config)
   mesh = sharding.make_mesh(sharding.mesh_shape_from_config(config))
   rules = sharding.rules_from_config(config)
   # Created already laid out over the mesh (one jit with out_shardings).
@@ -121,9 +127,8 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
       max_length=config.eval_max_length,
       limit=config.eval_batches * config.eval_batch_size)
 
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, run_dir.CHECKPOINT_DIR),
-                                 keep=config.keep_checkpoints,
-                                 async_save=config.async_checkpoints)
+  ckpt = wd.checkpointer(keep=config.keep_checkpoints,
+                        async_save=config.async_checkpoints)
   restored = ckpt.restore(checkpoint.abstract_like(state))
   step0 = 0
   if restored is not None:
@@ -133,12 +138,12 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
       train_iter.set_state(data_state)
     log.info('resumed from checkpoint %d in %s', step0, ckpt.directory)
   elif config.get('init_from'):
-    params = run_dir.init_params(config, state.params)
+    params = init_params(config, state.params)
     # A fresh optimizer state for them: its moving average starts there too.
     opt_state = jax.jit(tx.init, out_shardings=state_shardings.opt_state)(params)
     state = state.replace(params=params, opt_state=opt_state)
     log.info('starting from the parameters of %s', config.init_from)
-  run_dir.write_config(workdir, config_json)
+  wd.write_config(config_json)
   writer = MetricsWriter(workdir, resume_step=step0)
   stopping = lambda: stop['signal'] is not None
 
@@ -264,9 +269,7 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
                train_tokens_per_sec=tokens_per_sec,
                train_steps_per_sec=steps_per_sec, parameters=int(n_params))
   writer.close()
-  if is_main:
-    with open(os.path.join(workdir, run_dir.FINAL_METRICS_FILE), 'w') as f:
-      json.dump(final, f, indent=2)
+  wd.write_final_metrics(final)
   return final
 
 

@@ -16,10 +16,11 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from xfmr_jax import decode, hf_beam, run_dir, source_batches
+from xfmr_jax import decode, hf_beam, source_batches
 from xfmr_jax.model import SequenceModel
 from xfmr_jax.source_batches import BUCKETS, InputTooLong
 from xfmr_jax.tokenizer import Tokenizer
+from xfmr_jax.workdir import Workdir
 
 __all__ = ['BEAM_RULES', 'BUCKETS', 'InputTooLong', 'Translator', 'search']
 
@@ -98,8 +99,9 @@ class Translator:
     ``beam_rules`` and ``alpha`` default to the workdir config's
     ``beam_rules`` and ``beam_alpha`` (an imported Marian model's are 'hf' and
     1.0, as ``generate`` scores)."""
-    model, params, tokenizer, config = run_dir.load_for_inference(workdir, step)
-    return cls(model, params, tokenizer, **{**beam_settings(config), **kwargs})
+    trained = Workdir(workdir).load(step)
+    return cls(trained.model, trained.params, trained.tokenizer,
+               **{**beam_settings(trained.config), **kwargs})
 
   @staticmethod
   def bucket(length: int, limit: int) -> int:

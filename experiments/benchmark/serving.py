@@ -130,8 +130,9 @@ def main(argv=None) -> dict:
   p.add_argument('--port', type=int, default=8731)
   p.add_argument('--json', default=None)
   args = p.parse_args(argv)
-  from xfmr_jax import data, export, run_dir
-  config = run_dir.read_config(args.workdir)
+  from xfmr_jax import data, export
+  from xfmr_jax.workdir import Workdir
+  config = Workdir(args.workdir).read_config()
   test = data.get_source(config['dataset'], 'test', config['data_dir'] or None)
   texts = [test[i][0] for i in range(min(len(test), 512))]
   artifact = os.path.join(tempfile.mkdtemp(), 'artifact')

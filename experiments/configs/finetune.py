@@ -5,7 +5,7 @@
         --workdir=FINETUNED
 
 The model, its vocabulary and tokenizer come from ``init_from`` (see
-``xfmr_jax.run_dir.apply_init_from``); only dropout, dtype, remat and the
+``xfmr_jax.finetune.apply_init_from``); only dropout, dtype, remat and the
 attention implementation can be set here. The learning rate warms up to a
 small peak and decays linearly, as is usual when adapting a pretrained
 translator: the paper's schedule (peak ~7e-4 at base size) would wash out
