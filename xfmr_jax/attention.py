@@ -23,9 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from xfmr_jax import masks
+from xfmr_jax.config import ATTENTION_IMPLEMENTATIONS as IMPLEMENTATIONS
 from xfmr_jax.dropout import dropout
-
-IMPLEMENTATIONS = ('reference', 'xla', 'cudnn', 'pallas')
 
 
 def split_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
@@ -90,9 +89,9 @@ def _few_query_attention(query, key, value, mask, bias, dropout_rate,
   XLA's CPU backend runs ``Q K^T`` for a few queries as many tiny matmuls of
   a few rows, which stream a large cache at a fraction of memory speed; as
   ``K Q^T`` (a few columns), with the softmax over the key axis of that
-  layout, it runs 3-4x faster (4 queries over each of 64 sentences' 256
-  cached keys, 8 heads of 64: 8 ms against 28); the values are weighted
-  and summed without a matmul (below).
+  layout, it streams the cache much faster (measured in
+  ``docs/benchmarks.md``, "What made beam search faster"); the values are
+  weighted and summed without a matmul (below).
 
   Returns ``(out [batch, q, heads, head_dim_v], weights [batch, heads, q,
   k])``.
@@ -112,8 +111,8 @@ def _few_query_attention(query, key, value, mask, bias, dropout_rate,
                                dropout_rng))
   # The values as a broadcast product summed over the keys rather than as a
   # matmul of a few columns: XLA's CPU backend streams a large cache faster
-  # so (a Marian beam step, 64 sentences x 4 beams over 64 slots: 3.5%
-  # faster; the toy model's beam search, a small cache, about 3% slower).
+  # so (a small cache, as the toy model's, runs a little slower; the
+  # measurements are in docs/benchmarks.md).
   # Heads-first out, then transposed, as the matmul's was (written as
   # [batch, q, heads, d] its output alone was a slower layout).
   out = jnp.sum(probs.astype(value.dtype)[..., None] * value[:, :, :, None],
@@ -125,9 +124,9 @@ def _few_query_attention(query, key, value, mask, bias, dropout_rate,
 # at most CACHE_BOUNDS bounds (each a branch of the compiled step), chunks of
 # at least MIN_CACHE_CHUNK slots. A cache whose chunk of keys is under
 # MIN_CHUNK_BYTES is read whole: choosing a branch costs more than reading
-# it (beam search and greedy decoding at the benchmark's toy and small
-# sizes, chunks of 0.26 MB, ran up to 5% slower with branches; a Marian
-# batch, chunks of 8 MB, ran 3-5% faster).
+# it (the benchmark's toy and small models decode slower with branches, a
+# Marian batch faster: docs/benchmarks.md, "A large cache read only up to
+# its filled slots").
 # Only on CPU, where it was measured: XLA's GPU runtime picks a branch by
 # reading its index back to the host, a wait per layer and step, so other
 # backends read the whole cache.
@@ -156,7 +155,7 @@ def filled_cache_attention(query, key, value, mask=None, bias=None, *,
 
   A cache of ``slots`` slots per part keeps its keys in ``[batch, kv_heads,
   parts * slots, head_dim]``, the ``parts`` parts in turn (one, or a beam
-  search's beams: :mod:`xfmr_jax.beam_cache`), and at a decoding step only
+  search's beams: :mod:`xfmr_jax.kv_cache`), and at a decoding step only
   the first ``filled`` slots of each part hold keys; ``mask`` (and so the
   result) must already hide the others. Streaming the empty slots costs as
   much as the filled ones, so each step reads each part's first ``bound``
@@ -252,8 +251,8 @@ def resolve_implementation(name: str, backend: str | None = None) -> str:
   accept fewer shapes and dtypes, and ``experiments/gpu_check.sh`` compares
   them side by side first. An explicit choice the backend cannot run is an
   error, never a silent fallback. Decoding steps that read a KV cache use
-  'reference' whatever the choice (``layers.MultiHeadAttention``): its einsums
-  read the heads-first cache without transposing it.
+  'reference' whatever the choice (:mod:`xfmr_jax.multi_head_attention`):
+  its einsums read the heads-first cache without transposing it.
   """
   backend = backend or jax.default_backend()
   if name == 'auto':

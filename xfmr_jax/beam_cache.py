@@ -6,34 +6,34 @@ A beam search over ``batch`` sentences with ``g`` beams each decodes ``batch
 
 * **Cross-attention keys/values stay one row per sentence.** All beams of a
   sentence would hold the same copy, so the cache keeps it once and the
-  beams' queries read it together (:func:`group_rows`): one read of the
-  source per sentence, not per beam.
+  beams' queries read it together: one read of the source per sentence, not
+  per beam.
 * **The self-attention cache is append-only.** A sentence's beams share one
   cache block ``[kv_heads, g * slots, head_dim]`` (their ``g`` parts of
-  ``slots`` in turn); each beam writes its new
-  keys/values to its own part and slot, and a ``cached_beam`` table ``[rows,
-  g, slots]`` (bool) says which of the sentence's ``g`` parts holds slot
-  ``j`` of beam ``r``'s history. When a beam takes over another's
-  hypothesis, only its table row is copied (:func:`reorder`), and the
-  sentence's beams attend together over the block's filled slots under the
-  table (:func:`group_beams`): no gather and no transpose of the cache. Copying
-  every layer's keys and values from the parent beam instead took a quarter
-  of a beam step.
+  ``slots`` in turn); each beam writes its new keys/values to its own part
+  and slot, and a ``cached_beam`` table ``[rows, g, slots]`` (bool) says
+  which of the sentence's ``g`` parts holds slot ``j`` of beam ``r``'s
+  history. When a beam takes over another's hypothesis, only its table row
+  is copied (:func:`reorder`), and the sentence's beams attend together over
+  the block's filled slots under the table: no gather and no transpose of
+  the cache, where copying every layer's keys and values from the parent
+  beam took a large part of a beam step (``docs/benchmarks.md``, "What made
+  beam search faster").
 
 Local and linear attention keep a summary of the history (a ring buffer or
 a running sum) that cannot be shared this way, so their whole state is
 copied from the parent, as a plain beam search does.
 
-:mod:`xfmr_jax.decode` and :mod:`xfmr_jax.hf_beam` build and reorder the
-cache with :func:`expand` and :func:`reorder`;
-:class:`xfmr_jax.layers.MultiHeadAttention` reads it with
-:func:`group_rows` and :func:`group_beams`.
+This module is the decoding side: :mod:`xfmr_jax.decode` and
+:mod:`xfmr_jax.hf_beam` build and reorder the cache with :func:`expand` and
+:func:`reorder`. The reading side, how an attention layer attends over rows
+that share a cache row or block, is the model's: :mod:`xfmr_jax.kv_cache`
+(``group_rows``, ``group_beams``).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-import jax
 import jax.numpy as jnp
 
 
@@ -98,63 +98,3 @@ def reorder(model, cache, rows):
   ``cached_beam`` tables, or local/linear attention's whole state."""
   axis = batch_axis(model)
   return _map_moving(cache, lambda _, x: jnp.take(x, rows, axis=axis))
-
-
-# ------------------------------------------------------ the attention's side --
-
-def group_rows(q, mask, cached_rows: int):
-  """The queries of ``g = rows / cached_rows`` consecutive rows as the
-  queries of one row, to read that row's cached cross-attention K/V.
-
-  q: ``[rows, n, heads, head_dim] -> [cached_rows, g * n, heads, head_dim]``;
-  mask (or None): ``[rows or 1, 1, n or 1, s] -> [cached_rows or 1, 1, g * n
-  or 1, s]``. The attention's output ``[cached_rows, g * n, ...]`` reshapes
-  back to ``[rows, n, ...]``.
-  """
-  rows, n = q.shape[:2]
-  if rows % cached_rows:
-    raise ValueError(f'{rows} query rows cannot share a cross-attention cache '
-                     f'of {cached_rows} rows')
-  g = rows // cached_rows
-  q = q.reshape(cached_rows, g * n, *q.shape[2:])
-  if mask is not None and mask.shape[0] != 1:
-    mask = jnp.broadcast_to(mask, (rows, 1, n, mask.shape[-1]))
-    mask = mask.reshape(cached_rows, 1, g * n, -1)
-  return q, mask
-
-
-def group_beams(table, q, mask, positions, key_positions, step):
-  """Self-attention of a sentence's beams over their shared cache block.
-
-  Marks slots ``step .. step + n - 1`` of every beam as its own part's
-  (where it has just written them), then groups: the ``g * n`` queries of a
-  sentence attend together over all ``g * slots`` keys of its block, each
-  seeing slot ``j`` only in the part its table names, which is exactly the
-  attention over its own history.
-
-  Args:
-    table: ``cached_beam`` ``[rows, g, slots]`` bool.
-    q: ``[rows, n, heads, head_dim]``.
-    mask: ``[rows or 1, 1, n or 1, slots]``, the slots each query may see.
-    positions: ``[rows, n]`` or None; key_positions: ``[rows, slots]`` or None.
-
-  Returns:
-    the updated table and ``(q, mask, positions, key_positions)`` grouped to
-    ``[rows / g, g * n, ...]``, mask ``[rows / g, 1, g * n, g * slots]``,
-    key positions ``[rows / g, g * slots]`` (the order of the block's keys);
-    the attention's output ``[rows / g, g * n, ...]`` reshapes back to
-    ``[rows, n, ...]``.
-  """
-  rows, g, slots = table.shape
-  n = q.shape[1]
-  own = (jnp.arange(rows) % g)[:, None] == jnp.arange(g)[None, :]
-  table = jax.lax.dynamic_update_slice(
-      table, jnp.broadcast_to(own[:, :, None], (rows, g, n)), (0, 0, step))
-  batch = rows // g
-  mask = jnp.broadcast_to(mask, (rows, 1, n, slots)).reshape(batch, g, n, 1,
-                                                             slots)
-  mask = mask & table.reshape(batch, g, 1, g, slots)
-  group = lambda x: None if x is None else x.reshape(
-      batch, g * x.shape[1], *x.shape[2:])
-  return table, (group(q), mask.reshape(batch, 1, g * n, g * slots),
-                 group(positions), group(key_positions))

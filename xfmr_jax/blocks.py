@@ -12,10 +12,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from xfmr_jax import losses, positional
+from xfmr_jax import positional
 from xfmr_jax.token_ids import PAD
 from xfmr_jax.config import ModelConfig
-from xfmr_jax.layers import Dropout, FeedForward, MultiHeadAttention, Norm, Sublayer
+from xfmr_jax.layers import Dropout, FeedForward, Norm, Sublayer, project
+from xfmr_jax.multi_head_attention import MultiHeadAttention
 
 
 class EncoderLayer(nn.Module):
@@ -222,7 +223,7 @@ class OutputHead(nn.Module):
 
   def __call__(self, x):
     """``[..., d_model] -> float32 [..., vocab]``."""
-    logits = losses.project(x, self._matrix())
+    logits = project(x, self._matrix())
     if self.config.logits_bias != 'none':
       logits = logits + self._bias()
     return logits

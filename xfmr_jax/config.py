@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from xfmr_jax import activations, attention
+from xfmr_jax import activations
 
 NORM_POSITIONS = ('post', 'pre', 'peri')
 NORM_TYPES = ('layernorm', 'rmsnorm')
@@ -13,7 +13,11 @@ SINUSOID_LAYOUTS = ('interleaved', 'halves')
 LOGITS_BIASES = ('none', 'learned', 'fixed')
 DTYPES = ('float32', 'bfloat16')
 MODEL_KINDS = ('encoder_decoder', 'decoder_only', 'encoder_only')
-ATTENTION_IMPLS = ('auto',) + attention.IMPLEMENTATIONS
+# The implementations of xfmr_jax.attention.dot_product_attention (its
+# IMPLEMENTATIONS): named here, where the configuration checks them, so that
+# the configuration needs no import of the attention math.
+ATTENTION_IMPLEMENTATIONS = ('reference', 'xla', 'cudnn', 'pallas')
+ATTENTION_IMPLS = ('auto',) + ATTENTION_IMPLEMENTATIONS
 # Self-attention over long inputs (cross-attention is always full).
 ATTENTION_KINDS = ('full', 'local', 'linear')
 LINEAR_FEATURE_MAPS = ('elu', 'favor')

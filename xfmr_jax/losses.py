@@ -17,6 +17,10 @@ import math
 import jax
 import jax.numpy as jnp
 
+# The output projection is a model operation; the losses take it inside
+# their VJP (and ``losses.project`` keeps naming it for callers).
+from xfmr_jax.layers import project
+
 
 def _stats(logits, targets):
   """``(lse, target_logit, sum, max)``, each float32 ``[...]``."""
@@ -64,12 +68,6 @@ def _logit_stats_bwd(res, cotangents):
 
 
 logit_stats.defvjp(_logit_stats_fwd, _logit_stats_bwd)
-
-
-def project(hidden, table):
-  """Logits ``hidden @ table^T``: ``[..., d] x [vocab, d] -> float32 [..., vocab]``."""
-  return jnp.einsum('...d,vd->...v', hidden, table.astype(hidden.dtype),
-                    preferred_element_type=jnp.float32)
 
 
 @jax.custom_vjp

@@ -5,8 +5,9 @@ r"""Full, local and linear attention against sequence length n.
 For each attention kind and n = 256 .. 16384 it times forward + backward
 (the gradient of a scalar loss with respect to parameters and input) of
 
-* ``layer``: one causal self-attention layer (``layers.MultiHeadAttention``,
-  d_model 256, 4 heads of 64), batch 1;
+* ``layer``: one causal self-attention layer
+  (``multi_head_attention.MultiHeadAttention``, d_model 256, 4 heads of 64),
+  batch 1;
 * ``model``: a small decoder-only model (d_model 256, 4 heads, 2 layers,
   d_ff 1024, vocabulary 1000, RoPE), batch 1, n/2 source + n/2 target tokens,
   the training loss.
@@ -34,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.benchmark.common import log, machine
-from xfmr_jax import config, layers, losses, masks, model
+from xfmr_jax import config, losses, masks, model, multi_head_attention
 from xfmr_jax.extras import require
 
 KINDS = {
@@ -54,7 +55,7 @@ GIB = 2 ** 30
 def layer_problem(changes: dict, n: int):
   """``(loss(params, x), params, x)`` for one causal attention layer."""
   cfg = config.ModelConfig(**{**MODEL, 'max_len': n, **changes})
-  attn = layers.MultiHeadAttention(cfg, cfg.attention_kind)
+  attn = multi_head_attention.MultiHeadAttention(cfg, cfg.attention_kind)
   x = jax.random.normal(jax.random.key(0), (1, n, cfg.d_model))
   mask = masks.SelfMask(jnp.ones((1, n), jnp.int32), causal=True)
   params = nn.unbox(jax.eval_shape(attn.init, jax.random.key(0), x, x,
