@@ -3,8 +3,9 @@ as an uninterrupted one does: same parameters, optimiser state, step and data
 position, bit for bit, and one metrics row per step.
 
 In-process runs of the tiny config; SIGTERM comes from the run itself at a
-named point (``config.debug_stop_at``), so each case is deterministic. The
-subprocess SIGKILL cases are in ``test_resume.py``.
+named point (``training_loop.fault_hook``, see ``tests/fault_runner.py``), so
+each case is deterministic. The subprocess SIGKILL cases are in
+``test_resume.py``.
 """
 import collections
 import json
@@ -15,15 +16,22 @@ import jax
 import numpy as np
 import pytest
 
+from tests.fault_runner import stop_at
 from tests.test_train import tiny_config
 from xfmr_jax import checkpoint, optim, run_config, train_state, training_loop
 
 STEPS = dict(num_train_steps=16, checkpoint_every=4, eval_every=8, log_every=4)
 
 
-def run(data_dir, workdir, **changes):
-  return training_loop.train_and_evaluate(
-      tiny_config(data_dir, **{**STEPS, **changes}), str(workdir))
+def run(data_dir, workdir, sigterm_at=None, **changes):
+  """A run of the tiny config that sends itself SIGTERM at the point
+  ``sigterm_at`` (None: runs to its end)."""
+  training_loop.fault_hook = stop_at(sigterm_at) if sigterm_at else None
+  try:
+    return training_loop.train_and_evaluate(
+        tiny_config(data_dir, **{**STEPS, **changes}), str(workdir))
+  finally:
+    training_loop.fault_hook = None
 
 
 def saved_steps(workdir):
@@ -75,7 +83,7 @@ def assert_same_run(data_dir, workdir, reference):
                                    'final_eval'])
 def test_sigterm_anywhere_then_resume_equals_uninterrupted(
     data_dir, tmp_path, reference, point):
-  stopped = run(data_dir, tmp_path, debug_stop_at=point)
+  stopped = run(data_dir, tmp_path, sigterm_at=point)
   assert stopped['stopped_by'] == 'SIGTERM'
   assert not (tmp_path / 'final_metrics.json').exists()
   # Exactly the checkpoint of the step it stopped at, and no temporary folder.
@@ -107,7 +115,7 @@ def _damage(step_dir, kind):
 @pytest.mark.parametrize('kind', ['truncated', 'metadata', 'zero_filled'])
 def test_damaged_newest_checkpoint_is_moved_aside_and_the_run_finishes(
     data_dir, tmp_path, reference, kind):
-  stopped = run(data_dir, tmp_path, debug_stop_at='step:12')
+  stopped = run(data_dir, tmp_path, sigterm_at='step:12')
   assert stopped['step'] == 12
   _damage(tmp_path / 'checkpoints' / '12', kind)
   run(data_dir, tmp_path)  # resumes from 8, trains through 12 again
@@ -120,7 +128,7 @@ def test_damaged_newest_checkpoint_is_moved_aside_and_the_run_finishes(
 def test_best_checkpoint_and_its_score_survive_a_restart(data_dir, tmp_path):
   changes = dict(keep_checkpoints=1, eval_every=4, checkpoint_every=4,
                  lr_scale=1.0)
-  run(data_dir, tmp_path, debug_stop_at='step:9', **changes)
+  run(data_dir, tmp_path, sigterm_at='step:9', **changes)
   run(data_dir, tmp_path, **changes)  # a new process: scores come from disk
   logged = {r['step']: r['bleu'] for r in metric_rows(tmp_path)
             if r['split'] == 'eval'}

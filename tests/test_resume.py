@@ -17,12 +17,16 @@ from xfmr_jax import checkpoint, optim, run_config, train_state
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def command(data_dir, workdir, **changes):
+def command(data_dir, workdir, stop_at=None, **changes):
+  """``python -m experiments.train_wmt`` of the tiny config; with
+  ``stop_at``, the same run through ``tests/fault_runner.py``, which signals
+  itself at that point."""
   cfg = tiny_config(data_dir, **changes)
   flags = [f'--config.{k}={v}' for k, v in cfg.items() if k != 'model']
   flags += [f'--config.model.{k}={v}' for k, v in cfg.model.items()]
-  return [sys.executable, '-m', 'experiments.train_wmt', f'--workdir={workdir}',
-          *flags]
+  runner = (['tests.fault_runner', f'--stop_at={stop_at}'] if stop_at
+            else ['experiments.train_wmt'])
+  return [sys.executable, '-m', *runner, f'--workdir={workdir}', *flags]
 
 
 def checkpoints(workdir):
@@ -132,7 +136,7 @@ KILL_STEPS = dict(num_train_steps=16, checkpoint_every=4, log_every=4,
 def test_sigkill_during_a_save_or_an_evaluation_then_resume(
     data_dir, tmp_path, whole_run, point):
   killed = subprocess.run(
-      command(data_dir, tmp_path, debug_stop_at=f'kill:{point}', **KILL_STEPS),
+      command(data_dir, tmp_path, stop_at=f'kill:{point}', **KILL_STEPS),
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert killed.returncode == -signal.SIGKILL
   rerun = subprocess.run(command(data_dir, tmp_path, **KILL_STEPS), cwd=ROOT,

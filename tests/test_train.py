@@ -1,4 +1,5 @@
 """Optimisation pieces and the training loop (in-process, small and fast)."""
+import functools
 import json
 import logging
 import os
@@ -135,8 +136,12 @@ def test_damaged_newest_checkpoint_falls_back(data_dir, tmp_path, caplog):
   assert config['num_train_steps'] == 20 and 'parent' in data_state
 
 
-def test_nan_guard_stops_and_keeps_good_checkpoints(data_dir, tmp_path):
-  cfg = tiny_config(data_dir, debug_nan_at_step=13)
+def test_nan_guard_stops_and_keeps_good_checkpoints(data_dir, tmp_path,
+                                                    monkeypatch):
+  # The trainer's jitted step, with its loss poisoned at step 13.
+  monkeypatch.setattr(train_steps, 'jit_steps', functools.partial(
+      train_steps.jit_steps, nan_at_step=13))
+  cfg = tiny_config(data_dir)
   with pytest.raises(training_loop.NonFiniteError, match='step 13'):
     training_loop.train_and_evaluate(cfg, str(tmp_path))
   ckpt_dir = tmp_path / 'checkpoints'

@@ -7,6 +7,7 @@ checkpoint is there, and returns (and writes) the final metrics.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -14,9 +15,11 @@ import os
 import signal
 import sys
 import time
+from typing import Any, Callable, NoReturn
 
 import jax
 import ml_collections
+import optax
 import tqdm
 
 from xfmr_jax import checkpoint, data, evaluation, optim, sharding
@@ -31,9 +34,28 @@ from xfmr_jax.workdir import Workdir
 
 log = logging.getLogger('xfmr_jax')
 
+# Fault injection for tests (tests/fault_runner.py sets it): None in a real
+# run; else called with the name of each point the run passes, so that a test
+# can stop or kill the process exactly there. The points: 'step:N' after step
+# N, 'save:N' while checkpoint N is written, 'eval' before a periodic
+# evaluation, 'final_save' after the last step, 'final_eval' between the
+# final evaluation's batches.
+fault_hook: Callable[[str], None] | None = None
+
+
+def _at(point: str) -> None:
+  if fault_hook is not None:
+    fault_hook(point)
+
 
 class NonFiniteError(RuntimeError):
   """The loss or the gradients stopped being finite."""
+
+
+def _raise_non_finite(bad_step: int, checkpoint_dir: str) -> NoReturn:
+  raise NonFiniteError(f'non-finite loss or gradients at step {bad_step}; '
+                       'stopping with no checkpoint written after it. The '
+                       f'last good checkpoint stays in {checkpoint_dir}')
 
 
 @contextlib.contextmanager
@@ -71,6 +93,121 @@ def _train_row(sums: list, learning_rate: float, tokens_per_sec: float) -> dict:
           'learning_rate': learning_rate, 'tokens_per_sec': tokens_per_sec}
 
 
+def _token_count(batch: dict) -> int:
+  """The non-padding tokens of a batch, both sides."""
+  return int((batch['inputs'] > 0).sum() + (batch['targets'] > 0).sum())
+
+
+class _Progress:
+  """The progress bar and the throughput count completed steps. A step is
+  waited for once the next one is dispatched (one step stays queued on the
+  device meanwhile), or at once where the loop needs its results."""
+
+  def __init__(self, bar: tqdm.tqdm, speed: Throughput):
+    self.bar, self.speed = bar, speed
+    self._in_flight = None  # (metrics, tokens) of the step dispatched last
+
+  def dispatched(self, metrics: dict, n_tokens: int) -> None:
+    self.settle()
+    self._in_flight = (metrics, n_tokens)
+
+  def settle(self) -> None:
+    """Wait for the step in flight, if any, and count it."""
+    if self._in_flight is not None:
+      metrics, n_tokens = self._in_flight
+      jax.block_until_ready(metrics)
+      self.speed.step(n_tokens)
+      self.bar.update(1)
+      self._in_flight = None
+
+
+@dataclasses.dataclass
+class _Run:
+  """What a training run holds from its set-up (:func:`_set_up`) to its end;
+  ``state`` is replaced after each step."""
+  config: ml_collections.ConfigDict
+  config_json: dict
+  workdir: Workdir
+  tokenizer: Any
+  model: Any
+  schedule: optax.Schedule
+  mesh: jax.sharding.Mesh
+  rules: Any
+  state: train_state.TrainState
+  train_fn: Callable
+  eval_fn: Callable
+  train_iter: Any          # the data pipeline's iterator (get/set_state)
+  eval_batches: list
+  eval_source: Any
+  test_source: Any
+  ckpt: checkpoint.Checkpointer
+  writer: MetricsWriter
+  n_params: int
+  stop: dict               # {'signal': None or the signal number}
+  speed: Throughput = dataclasses.field(default_factory=Throughput)
+
+  def stopping(self) -> bool:
+    return self.stop['signal'] is not None
+
+  def should_stop_final_eval(self) -> bool:
+    """``should_stop`` of the final evaluation (asked between batches)."""
+    _at('final_eval')
+    return self.stopping()
+
+  def save(self, step: int, metrics: dict | None = None) -> None:
+    """Start writing checkpoint ``step`` (with its eval ``metrics``), unless
+    a step since the last one was not finite."""
+    bad = int(jax.device_get(self.state.bad_step))
+    if bad >= 0:
+      _raise_non_finite(bad, self.ckpt.directory)
+    self.ckpt.save(step, self.state,
+                   checkpoint.gather_data_state(self.train_iter.get_state()),
+                   self.config_json, metrics)
+    _at(f'save:{step}')  # while the (async) write is under way
+
+  def log_train(self, step: int, pending: list, bar: tqdm.tqdm) -> None:
+    """Write the train row of the steps' summed metrics ``pending``; a
+    non-finite loss ends the run."""
+    lr = float(optim.last_learning_rate(self.state.opt_state, self.schedule))
+    row = _train_row(jax.device_get(pending), lr, self.speed.interval_rate())
+    if not math.isfinite(row['loss']):
+      _raise_non_finite(int(jax.device_get(self.state.bad_step)),
+                        self.ckpt.directory)
+    self.writer.write(step, 'train', row)
+    bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f'{lr:.2e}',
+                    tok_s=f"{row['tokens_per_sec']:.0f}")
+
+  def evaluate(self, step: int, bar: tqdm.tqdm) -> dict:
+    """The periodic evaluation at ``step``, logged; its time is left out of
+    the throughput."""
+    # A stop request waits for this (short) evaluation, so that the step's
+    # checkpoint carries its score as in an uninterrupted run.
+    _at('eval')
+    t0 = time.time()
+    with sharding.use(self.mesh, self.rules):
+      metrics, samples = evaluation.evaluate(
+          self.config, self.model, optim.eval_params(self.state),
+          self.tokenizer, self.eval_fn, self.eval_batches, self.eval_source,
+          self.config.bleu_samples, self.mesh, progress='eval')
+    self.writer.write(step, 'eval', metrics)
+    bar.write(f"step {step}: eval loss {metrics['loss']:.4f} nll "
+              f"{metrics['nll']:.4f} BLEU {metrics['bleu']:.2f} exact match "
+              f"{metrics['exact_match']:.3f}")
+    if self.config.num_print_samples:
+      bar.write(evaluation.format_samples(samples,
+                                          self.config.num_print_samples))
+    self.speed.pause(time.time() - t0)
+    return metrics
+
+  def stopped(self, step: int) -> dict:
+    """The result of a run that a signal stopped at checkpoint ``step``."""
+    name = signal.Signals(self.stop['signal']).name
+    log.info('%s received: checkpoint %d is saved; run again to resume',
+             name, step)
+    self.writer.close()
+    return {'step': step, 'stopped_by': name}
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Train (or resume) in ``workdir`` and return the final metrics.
 
@@ -84,38 +221,67 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
   wall_start = time.time()
+  run = _set_up(config, workdir, stop)
+  try:
+    step = _train(run)
+  finally:
+    run.train_iter.close()  # stops its worker processes, if any
+    run.ckpt.close()  # waits for the last save
+  if run.stopping():
+    return run.stopped(step)
+  try:
+    with sharding.use(run.mesh, run.rules):
+      final = _final_eval(run, step)
+  except evaluation.Stopped:
+    return run.stopped(step)
+  tokens_per_sec, steps_per_sec = run.speed.overall_rate()
+  final.update(step=step, wall_seconds=time.time() - wall_start,
+               train_tokens_per_sec=tokens_per_sec,
+               train_steps_per_sec=steps_per_sec,
+               parameters=int(run.n_params))
+  run.writer.close()
+  run.workdir.write_final_metrics(final)
+  return final
+
+
+def _resolve(config, workdir: str):
+  """``(config, config_json, workdir)``: the config to train (``init_from``
+  applied, validated), its JSON, and the workdir, made if new; a
+  ConfigError if it holds a run of another model."""
   config = apply_init_from(config)
   validate_config(config)
-  workdir = os.path.abspath(workdir)
+  wd = Workdir(os.path.abspath(workdir))
   config_json = json.loads(config.to_json_best_effort())
-  wd = Workdir(workdir)
   if wd.has_config():
-    check_resumable(wd.read_config(), config_json, workdir)
-  os.makedirs(workdir, exist_ok=True)
-  is_main = jax.process_index() == 0
+    check_resumable(wd.read_config(), config_json, wd.path)
+  os.makedirs(wd.path, exist_ok=True)
+  return config, config_json, wd
 
+
+def _set_up(config, workdir: str, stop: dict) -> _Run:
+  """Everything a run needs before its first step, its state restored from
+  the newest checkpoint (or ``init_from``) where there is one."""
+  config, config_json, wd = _resolve(config, workdir)
   # Every split is opened before the first step, so a missing one is an
   # error now rather than after training.
   train_source = data_source(config, config.train_split)
   eval_source = data_source(config, config.eval_split)
   test_source = data_source(config, config.test_split)
-  tokenizer = get_tokenizer(config, workdir, train_source)
+  tokenizer = get_tokenizer(config, wd.path, train_source)
   model = build_model(config, tokenizer.vocab_size)
   tx = optim.from_config(config)
-  schedule = optim.schedule_from_config(config)
   mesh = sharding.make_mesh(sharding.mesh_shape_from_config(config))
   rules = sharding.rules_from_config(config)
   # Created already laid out over the mesh (one jit with out_shardings).
   state, state_shardings = train_state.create_train_state(
       model, tx, config.seed, mesh, rules)
   train_fn, eval_fn = train_steps.jit_steps(
-      model, tx, config.label_smoothing, config.debug_nan_at_step, mesh=mesh,
+      model, tx, config.label_smoothing, mesh=mesh,
       state_shardings=state_shardings, rules=rules)
   n_params = model_lib.param_count(state.params)
   log.info('model: %.2fM parameters, vocab %d; mesh %s over %d devices',
            n_params / 1e6, tokenizer.vocab_size, dict(mesh.shape),
            jax.device_count())
-
   per_process = config.batch_size // jax.process_count()
   train_iter = data.make_train_iterator(
       train_source, tokenizer, batch_size=per_process,
@@ -126,163 +292,90 @@ def _train_and_evaluate(config, workdir: str, stop: dict) -> dict:
       eval_source, tokenizer, batch_size=config.eval_batch_size,
       max_length=config.eval_max_length,
       limit=config.eval_batches * config.eval_batch_size)
-
   ckpt = wd.checkpointer(keep=config.keep_checkpoints,
-                        async_save=config.async_checkpoints)
+                         async_save=config.async_checkpoints)
+  state, step0 = _starting_state(config, state, tx, state_shardings, ckpt,
+                                 train_iter)
+  wd.write_config(config_json)
+  return _Run(config, config_json, wd, tokenizer, model,
+              optim.schedule_from_config(config), mesh, rules, state,
+              train_fn, eval_fn, train_iter, eval_batches, eval_source,
+              test_source, ckpt, MetricsWriter(wd.path, resume_step=step0),
+              n_params, stop)
+
+
+def _starting_state(config, state, tx, shardings, ckpt, train_iter):
+  """``(state, step)`` to train from: the newest valid checkpoint's (the
+  data iterator moved to its position), else ``config.init_from``'s
+  parameters, else the fresh ``state`` at step 0."""
   restored = ckpt.restore(checkpoint.abstract_like(state))
-  step0 = 0
   if restored is not None:
     step0, state, data_state, _ = restored
     data_state = checkpoint.process_data_state(data_state)
     if data_state:  # an imported model's checkpoint has no data position
       train_iter.set_state(data_state)
     log.info('resumed from checkpoint %d in %s', step0, ckpt.directory)
-  elif config.get('init_from'):
+    return state, step0
+  if config.get('init_from'):
     params = init_params(config, state.params)
     # A fresh optimizer state for them: its moving average starts there too.
-    opt_state = jax.jit(tx.init, out_shardings=state_shardings.opt_state)(params)
+    opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
     state = state.replace(params=params, opt_state=opt_state)
     log.info('starting from the parameters of %s', config.init_from)
-  wd.write_config(config_json)
-  writer = MetricsWriter(workdir, resume_step=step0)
-  stopping = lambda: stop['signal'] is not None
+  return state, 0
 
-  def stop_point(name):
-    """Fault injection for tests: at ``name``, SIGTERM to this process
-    (``debug_stop_at=name``) or SIGKILL (``debug_stop_at='kill:' + name``)."""
-    wanted = config.get('debug_stop_at') or ''
-    if wanted == name:
-      os.kill(os.getpid(), signal.SIGTERM)
-    elif wanted == 'kill:' + name:
-      os.kill(os.getpid(), signal.SIGKILL)
 
-  def checked(name):
-    """``should_stop`` for an evaluation: the stop point, then the flag."""
-    def should_stop():
-      stop_point(name)
-      return stopping()
-    return should_stop
-
-  def save(step, metrics=None):
-    bad = int(jax.device_get(state.bad_step))
-    if bad >= 0:
-      raise NonFiniteError(f'non-finite loss or gradients at step {bad}; '
-                           'no checkpoint written after it, the last good one '
-                           f'is kept in {ckpt.directory}')
-    ckpt.save(step, state, checkpoint.gather_data_state(train_iter.get_state()),
-              config_json, metrics)
-    stop_point(f'save:{step}')  # while the (async) write is under way
-
-  def periodic_eval(step):
-    # A stop request waits for this (short) evaluation, so that the step's
-    # checkpoint carries its score as in an uninterrupted run.
-    stop_point('eval')
-    with sharding.use(mesh, rules):
-      metrics, samples = evaluation.evaluate(
-          config, model, optim.eval_params(state), tokenizer, eval_fn,
-          eval_batches, eval_source, config.bleu_samples, mesh,
-          progress='eval')
-    writer.write(step, 'eval', metrics)
-    bar.write(f"step {step}: eval loss {metrics['loss']:.4f} nll "
-              f"{metrics['nll']:.4f} BLEU {metrics['bleu']:.2f} exact match "
-              f"{metrics['exact_match']:.3f}")
-    if config.num_print_samples:
-      bar.write(evaluation.format_samples(samples, config.num_print_samples))
-    return metrics
-
-  step = int(jax.device_get(state.step))
-  speed = Throughput()
-  pending = []   # metrics of the steps since the last log
-  in_flight = None  # (metrics, tokens) of the step dispatched last
+def _train(run: _Run) -> int:
+  """Train from the state's step until ``num_train_steps`` or a stop request,
+  with the periodic logs, evaluations and checkpoints; returns the last step
+  (checkpointed)."""
+  config = run.config
+  step = int(jax.device_get(run.state.step))
   bar = tqdm.tqdm(total=config.num_train_steps, initial=step,
-                  disable=not is_main, dynamic_ncols=True, desc='train')
+                  disable=jax.process_index() != 0, dynamic_ncols=True,
+                  desc='train')
+  progress = _Progress(bar, run.speed)
+  pending = []   # metrics of the steps since the last log
   try:
-    while step < config.num_train_steps and not stopping():
-      batch = next(train_iter)
-      state, metrics = train_fn(state, sharding.global_batch(batch, mesh))
+    while step < config.num_train_steps and not run.stopping():
+      batch = next(run.train_iter)
+      run.state, metrics = run.train_fn(
+          run.state, sharding.global_batch(batch, run.mesh))
       step += 1
-      n_tokens = int((batch['inputs'] > 0).sum() +
-                     (batch['targets'] > 0).sum())
-      # The bar and the throughput count completed steps: wait for the
-      # previous step while this one runs, so one step stays queued.
-      if in_flight is not None:
-        jax.block_until_ready(in_flight[0])
-        speed.step(in_flight[1])
-        bar.update(1)
-      in_flight = (metrics, n_tokens)
+      progress.dispatched(metrics, _token_count(batch))
       pending.append(metrics)
       at_end = step == config.num_train_steps
+      log_now = step % config.log_every == 0 or at_end
       eval_now = step % config.eval_every == 0 and not at_end
-      if step % config.log_every == 0 or at_end or eval_now:
-        jax.block_until_ready(metrics)
-        speed.step(n_tokens)
-        bar.update(1)
-        in_flight = None
-      if step % config.log_every == 0 or at_end:
-        lr = float(optim.last_learning_rate(state.opt_state, schedule))
-        row = _train_row(jax.device_get(pending), lr, speed.interval_rate())
+      if log_now or eval_now:
+        progress.settle()
+      if log_now:
+        run.log_train(step, pending, bar)
         pending = []
-        if not math.isfinite(row['loss']):
-          bad = int(jax.device_get(state.bad_step))
-          raise NonFiniteError(
-              f'non-finite loss or gradients at step {bad}; stopping. The '
-              f'last good checkpoint stays in {ckpt.directory}')
-        writer.write(step, 'train', row)
-        bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f'{lr:.2e}',
-                        tok_s=f"{row['tokens_per_sec']:.0f}")
-      eval_metrics = None
-      if eval_now:
-        t0 = time.time()
-        eval_metrics = periodic_eval(step)
-        speed.pause(time.time() - t0)
-      stop_point(f'step:{step}')
-      if step % config.checkpoint_every == 0 or eval_metrics is not None \
-          or at_end or stopping():
-        save(step, eval_metrics)
-    stop_point('final_save')
-    if in_flight is not None:
-      jax.block_until_ready(in_flight[0])
-      speed.step(in_flight[1])
-      bar.update(1)
+      eval_metrics = run.evaluate(step, bar) if eval_now else None
+      _at(f'step:{step}')
+      if (step % config.checkpoint_every == 0 or eval_now or at_end
+          or run.stopping()):
+        run.save(step, eval_metrics)
+    _at('final_save')
+    progress.settle()
   finally:
     bar.close()
-    train_iter.close()  # stops its worker processes, if any
-    ckpt.close()  # waits for the last save
-
-  def stopped():
-    name = signal.Signals(stop['signal']).name
-    log.info('%s received: checkpoint %d is saved; run again to resume',
-             name, step)
-    writer.close()
-    return {'step': step, 'stopped_by': name}
-
-  if stopping():
-    return stopped()
-  try:
-    with sharding.use(mesh, rules):
-      final = _final_eval(config, model, state, tokenizer, eval_fn, writer,
-                          step, test_source, mesh, checked('final_eval'))
-  except evaluation.Stopped:
-    return stopped()
-  tokens_per_sec, steps_per_sec = speed.overall_rate()
-  final.update(step=step, wall_seconds=time.time() - wall_start,
-               train_tokens_per_sec=tokens_per_sec,
-               train_steps_per_sec=steps_per_sec, parameters=int(n_params))
-  writer.close()
-  wd.write_final_metrics(final)
-  return final
+  return step
 
 
-def _final_eval(config, model, state, tokenizer, eval_fn, writer, step,
-                test_source, mesh=None, should_stop=None) -> dict:
+def _final_eval(run: _Run, step: int) -> dict:
+  """The test-split evaluation at the end of a run: logged, printed, and
+  the final metrics without the run's timings."""
+  config = run.config
   batches = data.make_eval_batches(
-      test_source, tokenizer, batch_size=config.eval_batch_size,
+      run.test_source, run.tokenizer, batch_size=config.eval_batch_size,
       max_length=config.eval_max_length, limit=config.test_samples or None)
   metrics, samples = evaluation.evaluate(
-      config, model, optim.eval_params(state), tokenizer, eval_fn, batches,
-      test_source, config.test_samples, mesh, progress='test',
-      should_stop=should_stop)
-  writer.write(step, 'test', metrics)
+      config, run.model, optim.eval_params(run.state), run.tokenizer,
+      run.eval_fn, batches, run.test_source, config.test_samples, run.mesh,
+      progress='test', should_stop=run.should_stop_final_eval)
+  run.writer.write(step, 'test', metrics)
   if jax.process_index() == 0:
     print(f"test ({config.test_split}, {len(samples)} sentences): BLEU "
           f"{metrics['bleu']:.2f}, exact match {metrics['exact_match']:.4f}, "

@@ -108,10 +108,4 @@ def get_config() -> ml_collections.ConfigDict:
   c.coordinator_address = ''
   c.num_processes = 0
   c.process_id = -1
-  # Fault injection for tests: poison the loss at this step (-1 = never);
-  # send this process SIGTERM at a point of the run: 'step:N' (after step N),
-  # 'save:N' (while checkpoint N is written), 'eval' (in a periodic
-  # evaluation), 'final_save' or 'final_eval'; 'kill:<point>' sends SIGKILL.
-  c.debug_nan_at_step = -1
-  c.debug_stop_at = ''
   return c
