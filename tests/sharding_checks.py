@@ -115,7 +115,15 @@ def test_needs_eight_devices():
 
 # ---------------------------------------------------------------- layouts --
 
-@pytest.mark.parametrize('layout', list(LAYOUTS))
+# fsdp_tp and dp_fsdp: 2-D meshes, trained on (and compared with a continued
+# run) by test_checkpoint_restores_onto_other_meshes in the default run.
+SLOW_LAYOUTS = ('fsdp_tp', 'dp_fsdp')
+assert set(SLOW_LAYOUTS) <= set(LAYOUTS)
+
+
+@pytest.mark.parametrize('layout', [
+    pytest.param(k, marks=pytest.mark.slow) if k in SLOW_LAYOUTS else k
+    for k in LAYOUTS])
 def test_layout_trains_like_one_device(layout, single_device):
   ref_state, ref_losses = single_device
   state, losses = run(LAYOUTS[layout])
@@ -322,7 +330,13 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize('variant', list(VARIANTS))
+SLOW_VARIANTS = ('local_global_alibi_gqa', 'decoder_only_linear_favor_rope_peri')
+assert set(SLOW_VARIANTS) <= set(VARIANTS)
+
+
+@pytest.mark.parametrize('variant', [
+    pytest.param(k, marks=pytest.mark.slow) if k in SLOW_VARIANTS else k
+    for k in VARIANTS])
 def test_variant_trains_and_decodes_like_one_device(variant):
   model, tx = model_and_optimizer(**VARIANTS[variant])
   state, want = train_unsharded(**VARIANTS[variant])

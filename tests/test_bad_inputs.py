@@ -97,6 +97,7 @@ def test_train_wmt_rejects_bad_input(data_dir, tmp_path, case, expected):
   assert_rejected(cmd, workdir, expected)
 
 
+@pytest.mark.slow
 def test_resuming_with_another_model_names_the_fields(data_dir, tmp_path):
   workdir = tmp_path / 'run'
   ok = subprocess.run(train_command(data_dir, workdir, num_train_steps=4,
@@ -214,6 +215,7 @@ def shared_dir():
   shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_unwritable_checkpoint_folder_keeps_the_last_checkpoint(
     data_dir, shared_dir):
   """As a user who may not write the checkpoint folder (root may write

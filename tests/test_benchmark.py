@@ -94,6 +94,7 @@ def test_benchmark_quick(tmp_path, capsys):
   assert runs['scan']['model_changes'] == dict(scan_layers=True)
 
 
+@pytest.mark.slow
 def test_model_variants_are_the_main_model_with_their_changes():
   assert cli.parse_args(['--model_variants', 'toy']).model_variants == [
       'toy']
@@ -127,6 +128,7 @@ def test_flops_count():
   assert 3.0e11 < flops < 4.5e11
 
 
+@pytest.mark.slow
 def test_gpu_check_falls_back_on_cpu(tmp_path):
   path = tmp_path / 'gpu.json'
   env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS='cpu')

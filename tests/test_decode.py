@@ -309,7 +309,8 @@ def test_reading_only_the_filled_cache_slots_changes_no_output(monkeypatch):
 
 @pytest.mark.parametrize('variant,changes', [
     ('pre_scan', {}), ('post', dict(positional='alibi')),
-    ('post', dict(positional='rope', num_kv_heads=1))])
+    pytest.param('post', dict(positional='rope', num_kv_heads=1),
+                 marks=pytest.mark.slow)])
 def test_beam_hypotheses_read_their_own_history(variant, changes):
   """Beam search never moves the self-attention cache: each beam row
   appends its keys/values and a table says which row holds each slot of a

@@ -96,6 +96,7 @@ def test_self_masks_reach_the_kernel_as_segment_ids(tpu_interpret, causal):
   assert np.all(np.asarray(got)[0, 120:] == 0)     # padding queries
 
 
+@pytest.mark.slow
 def test_a_model_on_the_pallas_kernel_equals_the_reference(tpu_interpret):
   """Encoder and decoder self-attention (segment ids) and cross-attention
   (the padding mask as a bias) of a whole encoder-decoder on the kernel."""

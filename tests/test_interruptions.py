@@ -79,8 +79,9 @@ def assert_same_run(data_dir, workdir, reference):
   assert set(rows) == {(r['step'], r['split']) for r in metric_rows(ref_dir)}
 
 
-@pytest.mark.parametrize('point', ['step:6', 'eval', 'final_save',
-                                   'final_eval'])
+@pytest.mark.parametrize('point', ['step:6'] + [
+    pytest.param(p, marks=pytest.mark.slow)
+    for p in ('eval', 'final_save', 'final_eval')])
 def test_sigterm_anywhere_then_resume_equals_uninterrupted(
     data_dir, tmp_path, reference, point):
   stopped = run(data_dir, tmp_path, sigterm_at=point)
@@ -112,7 +113,8 @@ def _damage(step_dir, kind):
     (_truncate if kind == 'truncated' else _zero_fill)(files[0])
 
 
-@pytest.mark.parametrize('kind', ['truncated', 'metadata', 'zero_filled'])
+@pytest.mark.parametrize('kind', ['truncated'] + [
+    pytest.param(k, marks=pytest.mark.slow) for k in ('metadata', 'zero_filled')])
 def test_damaged_newest_checkpoint_is_moved_aside_and_the_run_finishes(
     data_dir, tmp_path, reference, kind):
   stopped = run(data_dir, tmp_path, sigterm_at='step:12')
@@ -125,6 +127,7 @@ def test_damaged_newest_checkpoint_is_moved_aside_and_the_run_finishes(
   assert_same_run(data_dir, tmp_path, reference)
 
 
+@pytest.mark.slow
 def test_best_checkpoint_and_its_score_survive_a_restart(data_dir, tmp_path):
   changes = dict(keep_checkpoints=1, eval_every=4, checkpoint_every=4,
                  lr_scale=1.0)

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from experiments import length_generalization as lg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +35,7 @@ def test_table_averages_seeds_and_shows_their_range(tmp_path):
   assert (tmp_path / 'p.png').stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_study_trains_scores_both_splits_and_resumes(data_dir, tmp_path):
   args = [sys.executable, '-m', 'experiments.length_generalization',
           f'--workdir={tmp_path / "runs"}', '--schemes=alibi', '--seeds=0',

@@ -194,6 +194,7 @@ def favor_error(num_features, seeds=4):
                         for s in range(seeds)]))
 
 
+@pytest.mark.slow
 def test_favor_error_falls_as_features_grow():
   """Measured (seeds 0-3): 0.56, 0.30, 0.19 and 0.14 for 16, 64, 256 and
   1024 features."""
@@ -267,11 +268,13 @@ def assert_close_where_real(a, b, targets, atol):
                              atol=atol)
 
 
-# The two richest kinds are quick tests; the others are marked slow.
+# The two richest kinds are quick tests (encoder-decoder; their decoder-only
+# models are slow cases), the others are marked slow.
 CORE = ('local_global_alibi_gqa', 'linear_favor_rope_gqa_peri')
 
 
-@pytest.mark.parametrize('model_kind', ['encoder_decoder', 'decoder_only'])
+@pytest.mark.parametrize('model_kind', [
+    'encoder_decoder', pytest.param('decoder_only', marks=pytest.mark.slow)])
 @pytest.mark.parametrize('kind', [
     k if k in CORE else pytest.param(k, marks=pytest.mark.slow)
     for k in KINDS])
@@ -320,7 +323,8 @@ def test_beam_search_reorders_the_ring_buffer():
       beam, decode.greedy_decode(m, params, inputs, max_decode_len=10))
 
 
-@pytest.mark.parametrize('kind', ['local', 'linear_elu'])
+@pytest.mark.parametrize('kind', [
+    'local', pytest.param('linear_elu', marks=pytest.mark.slow)])
 def test_padding_changes_nothing(kind):
   """More padding on the source and the targets leaves the real logits of
   the encoder-decoder unchanged (and linear attention's decoder-only model
@@ -336,9 +340,8 @@ def test_padding_changes_nothing(kind):
     assert_close_where_real(padded, run(inputs, targets), targets, atol=1e-5)
 
 
-@pytest.mark.parametrize('kind', [
-    'local', pytest.param('linear_favor_rope_gqa_peri',
-                          marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize('kind', ['local', 'linear_favor_rope_gqa_peri'])
 def test_packed_segments_do_not_leak(kind):
   """A packed row gives each sequence the logits it has alone, in the
   encoder-decoder (encoder and decoder self-attention) and the encoder-only

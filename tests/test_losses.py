@@ -92,7 +92,7 @@ def test_bfloat16_hidden_gives_gradients_of_the_input_dtypes(rng):
 
 
 @pytest.mark.parametrize('changes', [
-    dict(), dict(share_embeddings=False),
+    pytest.param(dict(), marks=pytest.mark.slow), dict(share_embeddings=False),
     dict(model_kind='decoder_only', share_embeddings=False)])
 def test_return_hidden_projects_to_the_logits(rng, changes):
   cfg = config_lib.ModelConfig(vocab_size=23, d_model=16, num_heads=2,

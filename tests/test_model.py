@@ -117,9 +117,10 @@ def _stack_layers(params, prefix, n):
   return params
 
 
-@pytest.mark.parametrize('changes', [dict(scan_layers=True),
-                                     dict(remat=True),
-                                     dict(scan_layers=True, remat=True)])
+@pytest.mark.parametrize('changes', [
+    dict(scan_layers=True),
+    pytest.param(dict(remat=True), marks=pytest.mark.slow),
+    pytest.param(dict(scan_layers=True, remat=True), marks=pytest.mark.slow)])
 def test_scanned_and_remat_stacks_match_unrolled(rng, changes):
   m, params = build()
   src, tgt = tokens(rng, (2, 6)), tokens(rng, (2, 5))

@@ -58,7 +58,9 @@ def _images(nb) -> int:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize('path', [
+    p if p.name == 'quickstart.ipynb' else pytest.param(
+        p, marks=pytest.mark.slow) for p in NOTEBOOKS], ids=lambda p: p.name)
 def test_notebook_runs(path, kernel_name, monkeypatch, tmp_path):
   # The kernel inherits this environment.
   monkeypatch.setenv('XFMR_QUICK', '1')

@@ -69,6 +69,7 @@ def test_a_skipped_step_leaves_the_average_unchanged(rng):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_workdir_translates_with_the_average(data_dir, tmp_path):
   c = tiny_config(data_dir, num_train_steps=20)
   assert c.ema_decay > 0  # the toy recipe averages

@@ -132,6 +132,7 @@ KILL_STEPS = dict(num_train_steps=16, checkpoint_every=4, log_every=4,
                   eval_every=8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('point', ['save:8', 'eval'])
 def test_sigkill_during_a_save_or_an_evaluation_then_resume(
     data_dir, tmp_path, whole_run, point):

@@ -163,6 +163,7 @@ def test_load_is_batched_and_every_answer_is_right(service, sources, expected):
   assert metrics['requests_by_status']['200'] >= 400
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_requests_in_flight_and_exits_0(trained_workdir,
                                                          sources, expected):
   # Served straight from the workdir, which exports it on start-up.

@@ -193,6 +193,7 @@ def test_export_cli_and_its_errors(trained_workdir, tmp_path):
     assert message in run.stderr and 'Traceback' not in run.stderr
 
 
+@pytest.mark.slow
 def test_warm_up_compiles_every_batch_size_once(artifact, sources):
   loaded = serving.load(str(artifact))
   assert loaded.row_counts() == [1, 2, 4, 8]  # exported with batch_size 8

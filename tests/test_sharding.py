@@ -19,17 +19,25 @@ from tests import sharding_checks
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _check_ids():
-  ids = []
+def _checks():
+  """One case per check, marked slow where the check's case is."""
+  cases = []
   for name, fn in vars(sharding_checks).items():
     if not (name.startswith('test_') and callable(fn)):
       continue
     marks = [m for m in getattr(fn, 'pytestmark', []) if m.name == 'parametrize']
-    if marks:
-      ids += [f'{name}[{v}]' for v in marks[0].args[1]]
-    else:
-      ids.append(name)
-  return ids
+    slow = any(m.name == 'slow' for m in getattr(fn, 'pytestmark', []))
+    if not marks:
+      cases.append(pytest.param(name, marks=[pytest.mark.slow] * slow))
+      continue
+    for value in marks[0].args[1]:
+      if isinstance(value, type(pytest.param(0))):
+        value_marks, value = list(value.marks), value.values[0]
+      else:
+        value_marks = []
+      cases.append(pytest.param(f'{name}[{value}]',
+                                marks=value_marks + [pytest.mark.slow] * slow))
+  return cases
 
 
 @pytest.fixture(scope='module')
@@ -59,7 +67,7 @@ def outcomes(request, tmp_path_factory):
   return results
 
 
-@pytest.mark.parametrize('check', _check_ids())
+@pytest.mark.parametrize('check', _checks())
 def test_sharding(check, outcomes):
   assert check in outcomes, f'{check} did not run: {sorted(outcomes)}'
   assert outcomes[check] is None, outcomes[check]

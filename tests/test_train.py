@@ -105,6 +105,7 @@ def test_training_reduces_loss_and_writes_metrics(data_dir, tmp_path):
   assert list((tmp_path / 'tensorboard').iterdir())
 
 
+@pytest.mark.slow
 def test_resume_continues_from_checkpoint(data_dir, tmp_path):
   cfg = tiny_config(data_dir, num_train_steps=20)
   training_loop.train_and_evaluate(cfg, str(tmp_path))

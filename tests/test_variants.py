@@ -213,7 +213,8 @@ def test_implementation_choice_is_explicit_and_safe():
     cudnn.apply({'params': params}, *example_batch())
 
 
-@pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
+@pytest.mark.parametrize('kind', [
+    'encoder_decoder', pytest.param('decoder_only', marks=pytest.mark.slow)])
 def test_models_agree_across_attention_implementations(kind):
   inputs, targets = example_batch()
   ref, params = build(model_kind=kind, positional='alibi', num_kv_heads=2)
@@ -282,7 +283,20 @@ for _k, _kind in enumerate(('encoder_decoder', 'decoder_only')):
         model_kind=_kind, positional=_scheme, **BUNDLES[_b])
 
 
-@pytest.mark.parametrize('combo', list(COMBOS))
+# The default run keeps one combination per model kind with a scheme that
+# decodes through attention positions (rope/learned/sinusoidal); the rest
+# are further cases of the same checks.
+SLOW_COMBOS = ('encoder_decoder-learned-bundle1',
+               'encoder_decoder-rope-bundle2',
+               'encoder_decoder-alibi-bundle3',
+               'decoder_only-sinusoidal-bundle1',
+               'decoder_only-alibi-bundle0')
+assert set(SLOW_COMBOS) <= set(COMBOS), set(SLOW_COMBOS) - set(COMBOS)
+
+
+@pytest.mark.parametrize('combo', [
+    pytest.param(c, marks=pytest.mark.slow) if c in SLOW_COMBOS else c
+    for c in COMBOS])
 def test_variant_trains_and_decodes_with_the_cache(combo):
   changes = {**COMBOS[combo], 'dropout_rate': 0.1}
   m, params = build(**changes)
@@ -325,6 +339,7 @@ def test_decoder_only_reads_a_row_as_if_it_had_no_padding():
     np.testing.assert_allclose(run(padded), run(inputs), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_decoder_only_packed_row_equals_separate_rows():
   m, params = build(model_kind='decoder_only', positional='rope')
   a_in, a_out = jnp.asarray([[5, 6, 7, 1]]), jnp.asarray([[8, 9, 1]])
@@ -356,6 +371,7 @@ def test_encoder_only_refuses_to_decode():
 
 # ------------------------------------------- short runs on the toy tasks --
 
+@pytest.mark.slow
 def test_decoder_only_learns_toy_translation(data_dir, tmp_path):
   """The trainer runs a decoder-only model end to end (training, eval loss,
   cached decoding for BLEU) and it learns far beyond the majority token."""
@@ -379,6 +395,7 @@ def test_decoder_only_learns_toy_translation(data_dir, tmp_path):
   assert np.isfinite(metrics['bleu'])
 
 
+@pytest.mark.slow
 def test_encoder_only_learns_the_tagging_task(data_dir):
   from experiments.train_tagger import train_tagger
   r = train_tagger(dataset='toy_translate/small', data_dir=str(data_dir),
