@@ -35,15 +35,6 @@ def key():
   return jax.random.key(0)
 
 
-@pytest.fixture(scope='session')
-def data_dir(tmp_path_factory):
-  """The 'small' toy_translate dataset (5k training pairs), built once."""
-  from xfmr_jax import data
-  d = tmp_path_factory.mktemp('tfds')
-  data.build_toy_dataset(str(d), config='small')
-  return d
-
-
 def built_once(tmp_path_factory, name, build):
   """The folder ``name``, filled by ``build(folder)`` once per test run.
 
@@ -69,6 +60,15 @@ def built_once(tmp_path_factory, name, build):
         raise
       done.touch()
   return folder
+
+
+@pytest.fixture(scope='session')
+def data_dir(tmp_path_factory):
+  """The 'small' toy_translate dataset (5k training pairs), built once per
+  run (read only)."""
+  from xfmr_jax import data
+  return built_once(tmp_path_factory, 'tfds',
+                    lambda d: data.build_toy_dataset(str(d), config='small'))
 
 
 @pytest.fixture(scope='session')

@@ -13,10 +13,9 @@ L = 64
 
 
 @pytest.fixture(scope='module')
-def toy(tmp_path_factory):
-  data_dir = str(tmp_path_factory.mktemp('tfds'))
-  train = data.get_source('toy_translate/small', 'train', data_dir)
-  test = data.get_source('toy_translate/small', 'test', data_dir)
+def toy(data_dir):
+  train = data.get_source('toy_translate/small', 'train', str(data_dir))
+  test = data.get_source('toy_translate/small', 'test', str(data_dir))
   tok = Tokenizer.train((t for i in range(2000) for t in train[i]), None,
                         vocab_size=800)
   return train, test, tok
