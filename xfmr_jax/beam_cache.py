@@ -24,9 +24,9 @@ Local and linear attention keep a summary of the history (a ring buffer or
 a running sum) that cannot be shared this way, so their whole state is
 copied from the parent, as a plain beam search does.
 
-This module is the decoding side: :mod:`xfmr_jax.decode` and
-:mod:`xfmr_jax.hf_beam` build and reorder the cache with :func:`expand` and
-:func:`reorder`. The reading side, how an attention layer attends over rows
+This module is the decoding side: the beam search loop
+(:func:`xfmr_jax.beam_search.loop`, under every rule set) builds and reorders
+the cache with :func:`expand` and :func:`reorder`. The reading side, how an attention layer attends over rows
 that share a cache row or block, is the model's: :mod:`xfmr_jax.kv_cache`
 (``group_rows``, ``group_beams``).
 """

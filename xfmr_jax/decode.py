@@ -4,7 +4,11 @@ Each public function is one ``jax.jit``: the encoder runs once per batch and
 fills the key/value cache (:meth:`Transformer.decode_step`, which also projects
 the encoder output to cross-attention keys/values once), then one
 ``lax.while_loop`` runs one cached decoder step per token and stops when every
-sequence has emitted EOS or the maximum length is reached.
+sequence has emitted EOS or the maximum length is reached. Greedy decoding and
+sampling share one loop here; beam search is :mod:`xfmr_jax.beam_search`'s
+loop, under GNMT's rules (:func:`beam_search`) or Hugging Face ``generate``'s
+(:func:`xfmr_jax.hf_beam.beam_search`). The steps they are all made of (cache
+set-up, one cached step, output length) are :mod:`xfmr_jax.decode_steps`.
 
 Conventions: the decoder starts from the pad id 0 (as ``shift_right`` does in
 training), EOS is id 1, outputs are ``[batch, max_decode_len]`` int32 with EOS
@@ -26,96 +30,23 @@ from __future__ import annotations
 import collections
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from xfmr_jax import beam_cache
+from xfmr_jax import beam_search as beam_lib
+from xfmr_jax import decode_steps as steps
 from xfmr_jax import top_k as topk
-from xfmr_jax.blocks import shift_right
 from xfmr_jax.token_ids import EOS, PAD
 
-DECODE_EXTRA = 50  # tokens decoded beyond the input length (paper section 6.1)
-NEG_INF = -1.0e7  # finite "impossible" score: keeps beam arithmetic NaN-free
+# Kept importable from here, where callers have always found them.
+# pylint: disable=unused-import
+from xfmr_jax.beam_search import length_penalty  # noqa: F401
+from xfmr_jax.decode_steps import (  # noqa: F401
+    DECODE_EXTRA, decode_length, logsumexp)
+# pylint: enable=unused-import
+_init_cache = steps.init_cache  # tests/test_long_attention.py reads it here
+
 TRACE_COUNTS: collections.Counter = collections.Counter()
-
-
-# ----------------------------------------------------------------- helpers --
-
-def _split_rows(inputs):
-  """``[batch, s]``: rows over the data axes when a mesh and rules are active."""
-  return nn.with_logical_constraint(inputs, ('batch', 'length'))
-
-
-def _replicated(x):
-  """Outputs whole on every device (no-op without a mesh and rules)."""
-  return nn.with_logical_constraint(x, (None,) * x.ndim)
-
-
-def _variables(params):
-  """Accept a params tree or a full ``{'params': ...}`` variables dict."""
-  return nn.unbox(params if 'params' in params else {'params': params})
-
-
-def decode_length(config, input_length: int, max_decode_len=None, *,
-                  extra: int = DECODE_EXTRA) -> int:
-  """Output length: ``max_decode_len`` if given, else input length + ``extra``
-  (the paper decodes up to 50 tokens past the input), capped by ``max_len``
-  (a decoder-only model's positions count the source too)."""
-  length = input_length + extra if max_decode_len is None else max_decode_len
-  room = config.max_len
-  if config.model_kind == 'decoder_only':
-    room -= input_length
-    if room <= 0:
-      raise ValueError(f'inputs of length {input_length} leave no room to '
-                       f'decode within max_len={config.max_len}')
-  return min(length, room)
-
-
-def _no_pad(logits):
-  """Forbid the pad id (see the module docstring). logits: ``[..., vocab]``."""
-  return logits.at[..., PAD].set(-jnp.inf)
-
-
-def logsumexp(x, maximum=None):
-  """``logsumexp`` over the last axis in float32, ``[..., v] -> [..., 1]``
-  (an all ``-inf`` row gives ``-inf``). ``maximum`` ``[..., 1]``, if given,
-  is ``x``'s row maximum, known already (it saves a pass over ``x``).
-
-  The exponentials are an elementwise pass and their sum a matrix-vector
-  product: XLA's CPU backend runs ``exp`` inside a reduction on one core,
-  and this form took 27 ms against 41 for ``jax.nn.logsumexp`` over 256 x
-  58,101 logits (a Marian beam step's).
-  """
-  m = jnp.max(x, axis=-1, keepdims=True) if maximum is None else maximum
-  m = m.astype(jnp.float32)
-  m = jnp.where(jnp.isfinite(m), m, 0.0)
-  total = jnp.dot(jnp.exp(x - m), jnp.ones((x.shape[-1],), jnp.float32),
-                  preferred_element_type=jnp.float32)
-  return m + jnp.log(total)[..., None]
-
-
-def _init_cache(model, variables, inputs, cache_len):
-  """Run the model's ``init_cache`` (encoder and cross-attention K/V, or the
-  decoder-only prefill) and return the ``cache`` collection."""
-  if model.config.model_kind == 'encoder_only':
-    raise ValueError('an encoder_only model tags tokens; it does not decode')
-  _, state = model.apply(variables, inputs, cache_len,
-                         method=model.init_cache, mutable=['cache'])
-  return state['cache']
-
-
-def _step(model, variables, cache, inputs, out, t, cache_len):
-  """Logits ``[batch, vocab]`` for position t and the updated cache.
-
-  The decoder input at t is the output at t - 1 (the start symbol at 0):
-  ``shift_right``, as in training. out: ``[batch, cache_len]``.
-  """
-  tokens = jax.lax.dynamic_slice_in_dim(shift_right(out), t, 1, axis=1)
-  logits, state = model.apply({**variables, 'cache': cache}, inputs, tokens,
-                              t, cache_len=cache_len,
-                              method=model.decode_step, mutable=['cache'])
-  return logits[:, 0], state['cache']
 
 
 def _autoregress(batch, length, carry, next_logits, pick):
@@ -137,7 +68,7 @@ def _autoregress(batch, length, carry, next_logits, pick):
   def body(state):
     t, out, done, carry = state
     logits, carry = next_logits(carry, out, t)
-    token = jnp.where(done, PAD, pick(_no_pad(logits), t))
+    token = jnp.where(done, PAD, pick(steps.no_pad(logits), t))
     return t + 1, out.at[:, t].set(token), done | (token == EOS), carry
 
   init = (0, jnp.zeros((batch, length), jnp.int32), jnp.zeros((batch,), bool),
@@ -146,14 +77,14 @@ def _autoregress(batch, length, carry, next_logits, pick):
 
 
 def _cached_loop(model, params, inputs, max_decode_len, pick):
-  variables = _variables(params)
-  inputs = _split_rows(inputs)
-  length = decode_length(model.config, inputs.shape[1], max_decode_len)
-  cache = _init_cache(model, variables, inputs, length)
-  next_logits = lambda cache, out, t: _step(model, variables, cache, inputs,
-                                            out, t, length)
-  return _replicated(_autoregress(inputs.shape[0], length, cache, next_logits,
-                                  pick))
+  variables = steps.as_variables(params)
+  inputs = steps.split_rows(inputs)
+  length = steps.decode_length(model.config, inputs.shape[1], max_decode_len)
+  cache = steps.init_cache(model, variables, inputs, length)
+  next_logits = lambda cache, out, t: steps.step(model, variables, cache,
+                                                 inputs, out, t, length)
+  return steps.replicated(_autoregress(inputs.shape[0], length, cache,
+                                       next_logits, pick))
 
 
 def _argmax(logits, t):
@@ -186,8 +117,8 @@ def naive_greedy_decode(model, params, inputs, *, max_decode_len=None):
   decoder runs over all ``max_decode_len`` positions at every step. Same
   arguments and result as :func:`greedy_decode`."""
   TRACE_COUNTS['naive_greedy_decode'] += 1
-  variables = _variables(params)
-  length = decode_length(model.config, inputs.shape[1], max_decode_len)
+  variables = steps.as_variables(params)
+  length = steps.decode_length(model.config, inputs.shape[1], max_decode_len)
   if model.config.model_kind == 'encoder_decoder':
     encoded = model.apply(variables, inputs, method=model.encode)
     run = lambda targets: model.apply(variables, encoded, inputs, targets,
@@ -255,65 +186,12 @@ def sample(model, params, inputs, rng, *, temperature=1.0, top_k=0,
 
 # ------------------------------------------------------------- beam search --
 
-def length_penalty(length, alpha):
-  """GNMT length penalty ``((5 + length) / 6) ** alpha`` (Wu et al., 2016)."""
-  return ((5.0 + length) / 6.0) ** alpha
-
-
-def _beam_update(beams, log_probs, t, alpha):
-  """Extend every alive beam by one token at position t.
-
-  The new beam is the ``k`` best extensions by log-probability; those ending in
-  EOS move to the finished set (scored ``logp / length_penalty(t + 1)``, merged
-  keeping the k best), the others stay alive. With k = 1 this is greedy.
-
-  Args:
-    beams: dict of ``alive_seqs``, ``fin_seqs`` ``[batch, k, length]``,
-      ``alive_logp``, ``fin_scores`` ``[batch, k]``.
-    log_probs: ``[batch, k, vocab]`` next-token log-probabilities.
-
-  Returns:
-    the new beams and ``parent [batch, k]``, the alive beam each new alive
-    beam extends (to reorder the cache).
-  """
-  batch, k, vocab = log_probs.shape
-  candidates = (beams['alive_logp'][..., None] + log_probs).reshape(batch, -1)
-  logp, index = topk.top_k(candidates, k)
-  parent, token = index // vocab, index % vocab
-  seqs = jnp.take_along_axis(beams['alive_seqs'], parent[..., None], axis=1)
-  seqs = seqs.at[:, :, t].set(token)
-  # Extensions of NEG_INF placeholders (or of a forbidden token) are not real.
-  real = logp > NEG_INF / 2
-  ended = token == EOS
-  new_scores = jnp.where(real & ended, logp / length_penalty(t + 1, alpha),
-                         NEG_INF)
-  fin_scores, pick = jax.lax.top_k(
-      jnp.concatenate([beams['fin_scores'], new_scores], axis=1), k)
-  fin_seqs = jnp.take_along_axis(
-      jnp.concatenate([beams['fin_seqs'], seqs], axis=1), pick[..., None],
-      axis=1)
-  return dict(alive_seqs=seqs,
-              alive_logp=jnp.where(real & ~ended, logp, NEG_INF),
-              fin_seqs=fin_seqs, fin_scores=fin_scores), parent
-
-
-def _beams_done(beams, length, alpha):
-  """``[batch]``: no alive beam left, or none can beat the worst finished.
-
-  Log-probabilities only fall and (alpha >= 0) the penalty only grows, so an
-  alive beam's best reachable score is ``logp / length_penalty(length)``.
-  """
-  best_alive = jnp.max(beams['alive_logp'], axis=1)
-  worst_finished = jnp.min(beams['fin_scores'], axis=1)  # NEG_INF until k
-  return ((best_alive <= NEG_INF / 2) |
-          (worst_finished > best_alive / length_penalty(length, alpha)))
-
-
 @functools.partial(jax.jit, static_argnames=(
     'model', 'beam_size', 'alpha', 'max_decode_len'))
 def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
                 max_decode_len=None):
-  """Beam search with the GNMT length penalty (paper: beam 4, alpha 0.6).
+  """Beam search with the GNMT length penalty (paper: beam 4, alpha 0.6):
+  :func:`xfmr_jax.beam_search.loop` under :class:`xfmr_jax.beam_search.GNMT`.
 
   Args:
     beam_size, alpha: static; alpha >= 0.
@@ -326,50 +204,8 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
     unfinished one, scored at the full length.
   """
   TRACE_COUNTS['beam_search'] += 1
-  variables = _variables(params)
-  inputs = _split_rows(inputs)
-  length = decode_length(model.config, inputs.shape[1], max_decode_len)
-  batch, k = inputs.shape[0], beam_size
-  # The encoder and the cross-attention K/V run once per sentence, and stay
-  # so; the self-attention cache gets one row per beam (see beam_cache).
-  cache = beam_cache.expand(model, _init_cache(model, variables, inputs,
-                                               length), k)
-  beam_inputs = jnp.repeat(inputs, k, axis=0)
-  # Beam 0 is the real start; the others are placeholders that never win.
-  beams = dict(
-      alive_seqs=jnp.zeros((batch, k, length), jnp.int32),
-      alive_logp=jnp.tile(jnp.asarray([0.0] + [NEG_INF] * (k - 1)), (batch, 1)),
-      fin_seqs=jnp.zeros((batch, k, length), jnp.int32),
-      fin_scores=jnp.full((batch, k), NEG_INF))
-
-  def cond(state):
-    t, beams, _ = state
-    return (t < length) & ~jnp.all(_beams_done(beams, length, alpha))
-
-  def body(state):
-    t, beams, cache = state
-    logits, cache = _step(model, variables, cache, beam_inputs,
-                          beams['alive_seqs'].reshape(batch * k, length), t,
-                          length)
-    logits = _no_pad(logits)
-    log_probs = logits - logsumexp(logits)
-    beams, parent = _beam_update(beams, log_probs.reshape(batch, k, -1), t,
-                                 alpha)
-    rows = (jnp.arange(batch)[:, None] * k + parent).reshape(-1)
-    return t + 1, beams, beam_cache.reorder(model, cache, rows)
-
-  _, beams, _ = jax.lax.while_loop(cond, body, (0, beams, cache))
-  best = jnp.argmax(beams['alive_logp'], axis=1)
-  alive_seqs = jnp.take_along_axis(beams['alive_seqs'], best[:, None, None],
-                                   axis=1)[:, 0]
-  alive_scores = (jnp.take_along_axis(beams['alive_logp'], best[:, None],
-                                      axis=1)[:, 0] /
-                  length_penalty(length, alpha))
-  finished = beams['fin_scores'][:, 0] > NEG_INF / 2
-  tokens = jnp.where(finished[:, None], beams['fin_seqs'][:, 0], alive_seqs)
-  return (_replicated(tokens),
-          _replicated(jnp.where(finished, beams['fin_scores'][:, 0],
-                                alive_scores)))
+  return beam_lib.loop(model, params, inputs, beam_lib.GNMT(alpha),
+                       beam_size=beam_size, max_decode_len=max_decode_len)
 
 
 # ------------------------------------------------------ scoring and maps --
@@ -385,12 +221,13 @@ def cached_logits(model, params, inputs, targets):
     float32 logits ``[batch, t, vocab]``; at non-pad target positions they
     equal ``model.apply(variables, inputs, targets)`` (a check of the cache).
   """
-  variables = _variables(params)
+  variables = steps.as_variables(params)
   length = targets.shape[1]
-  cache = _init_cache(model, variables, inputs, length)
+  cache = steps.init_cache(model, variables, inputs, length)
 
   def body(cache, t):
-    logits, cache = _step(model, variables, cache, inputs, targets, t, length)
+    logits, cache = steps.step(model, variables, cache, inputs, targets, t,
+                               length)
     return cache, logits
 
   _, logits = jax.lax.scan(body, cache, jnp.arange(length))
@@ -426,7 +263,7 @@ def attention_maps(model, variables, inputs, outputs):
     raise ValueError('attention maps are drawn for an encoder_decoder model '
                      "with full attention and attention_impl 'reference' (or "
                      "'auto' on CPU)")
-  _, state = model.apply(_variables(variables), inputs, outputs,
+  _, state = model.apply(steps.as_variables(variables), inputs, outputs,
                          mutable=['intermediates'])
   tree = state['intermediates']
   scanned = cfg.scan_layers

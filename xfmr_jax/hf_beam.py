@@ -19,18 +19,23 @@ GNMT rules) in five ways:
 * ``early_stopping=False``: a row stops once its ``k`` finished hypotheses all
   beat its best alive beam's score at the current length.
 
-``max_decode_len`` is ``generate``'s ``max_new_tokens`` (``max_length`` minus
-the decoder start token). The decoding loop, cache and conventions are those
-of :mod:`xfmr_jax.decode`: start symbol 0, EOS 1, outputs 0 after EOS.
+:class:`Generate` holds these rules for :mod:`xfmr_jax.beam_search`'s loop,
+which runs every beam search (the cache, the steps, the reordering);
+:func:`beam_search` is that loop under them. ``max_decode_len`` is
+``generate``'s ``max_new_tokens`` (``max_length`` minus the decoder start
+token). The conventions are those of :mod:`xfmr_jax.decode`: start symbol 0,
+EOS 1, outputs 0 after EOS.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
-from xfmr_jax import beam_cache, decode
+from xfmr_jax import beam_search as beam_lib
+from xfmr_jax import decode, decode_steps
 from xfmr_jax import top_k as topk
 from xfmr_jax.token_ids import EOS, PAD
 
@@ -69,17 +74,17 @@ def _best_extensions(logits, alive_logp, n, forced):
   batch, k = alive_logp.shape
   # One [rows, vocab] array for the reductions below to read: left to
   # itself, XLA's CPU backend wrote the logits' bias add out again for each
-  # of them (about 5 ms apiece at Marian's shape).
+  # of them.
   logits = jax.lax.optimization_barrier(logits)
   # The pad ban on a short list: the n best other tokens are among the n + 1
   # best of all, so the row is ranked as it is and the pad id set to -inf
-  # there (set in the row, it made XLA copy the whole [rows, vocab] logits:
-  # 8 ms of a 222 ms Marian step). Exact ties and -inf entries keep their
-  # order too, as the pad id is the smallest id.
+  # there (set in the row, it made XLA copy the whole [rows, vocab] logits,
+  # see docs/benchmarks.md). Exact ties and -inf entries keep their order
+  # too, as the pad id is the smallest id.
   values, tokens = topk.top_k(logits, n + 1)
   # The row maximum is the best of those n + 1 (taken as values[:, :1],
-  # XLA's CPU backend sorted the whole row instead: 43 ms a Marian step).
-  lse = decode.logsumexp(logits, jnp.max(values, axis=-1, keepdims=True))
+  # XLA's CPU backend sorted the whole row instead, see docs/benchmarks.md).
+  lse = decode_steps.logsumexp(logits, jnp.max(values, axis=-1, keepdims=True))
   values = jnp.where(tokens == PAD, -jnp.inf, values)
   values, pick = jax.lax.top_k(values, n)
   tokens = jnp.take_along_axis(tokens, pick, axis=-1)
@@ -93,11 +98,78 @@ def _best_extensions(logits, alive_logp, n, forced):
   return best, index // n, token
 
 
+@dataclasses.dataclass(frozen=True)
+class Generate:
+  """Hugging Face ``generate``'s beam search rules (the module docstring)
+  for :func:`xfmr_jax.beam_search.loop`.
+
+  Attributes:
+    alpha: ``generate``'s ``length_penalty``: scores are
+      ``sum log p / len ** alpha``.
+    force_eos: force EOS at the last position (``forced_eos_token_id``).
+  """
+  alpha: float = 1.0
+  force_eos: bool = True
+
+  def init(self, batch, k, length):
+    zeros = jnp.zeros((batch, k, length), jnp.int32)
+    return dict(
+        alive_seqs=zeros,
+        alive_logp=jnp.tile(jnp.asarray([0.0] + [_OFF] * (k - 1)),
+                            (batch, 1)),
+        fin_seqs=zeros, fin_scores=jnp.full((batch, k), _OFF),
+        fin_done=jnp.zeros((batch, k), bool),
+        # generate's is_early_stop_heuristic_unsatisfied, per row
+        open=jnp.ones((batch,), bool),
+        all_ended=jnp.zeros((), bool))
+
+  def update(self, beams, logits, t, length):
+    alpha = self.alpha
+    k = beams['alive_logp'].shape[1]
+    top_logp, parent, token = _best_extensions(
+        logits, beams['alive_logp'], 2 * k,
+        self.force_eos & (t == length - 1))                # [batch, 2k]
+    seqs = jnp.take_along_axis(beams['alive_seqs'], parent[..., None], axis=1)
+    seqs = seqs.at[:, :, t].set(token)
+    ended = (token == EOS) | (t + 1 >= length)
+    # The k best unended extensions stay alive (ended ones only as fillers).
+    running = top_logp + jnp.where(ended, _OFF, 0.0)
+    alive_logp, alive = jax.lax.top_k(running, k)
+    alive_seqs = jnp.take_along_axis(seqs, alive[..., None], axis=1)
+    parent = jnp.take_along_axis(parent, alive, axis=1)
+    # Finished: ended among the first k ranks, while the row is still open.
+    new_done = ended & (jnp.arange(2 * k) < k)[None, :]
+    scores = top_logp / (t + 1.0) ** alpha
+    scores = scores + jnp.where(new_done & beams['open'][:, None], 0.0, _OFF)
+    fin_scores, fin_seqs, fin_done = _finish_scores(
+        beams['fin_scores'], beams['fin_seqs'], beams['fin_done'], scores,
+        seqs, new_done)
+    # generate's early_stopping=False heuristic at the new length t + 1.
+    best_alive = alive_logp[:, :1] / (t + 1.0) ** alpha
+    worst = jnp.where(fin_done, jnp.min(fin_scores, axis=1, keepdims=True),
+                      _OFF)
+    still_open = beams['open'] & jnp.any(best_alive > worst, axis=1)
+    return dict(alive_seqs=alive_seqs, alive_logp=alive_logp,
+                fin_seqs=fin_seqs, fin_scores=fin_scores, fin_done=fin_done,
+                open=still_open, all_ended=jnp.all(ended)), parent
+
+  def done(self, beams, t, length):
+    """A row is done once the heuristic closed it; all rows once every
+    extension of the last step ended (the forced EOS)."""
+    del t, length
+    return ~beams['open'] | beams['all_ended']
+
+  def finalize(self, beams, length):
+    del length
+    return beams['fin_seqs'][:, 0], beams['fin_scores'][:, 0]
+
+
 @functools.partial(jax.jit, static_argnames=(
     'model', 'beam_size', 'alpha', 'max_decode_len', 'force_eos'))
 def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
                 max_decode_len=None, force_eos=True):
-  """``generate(num_beams=beam_size, length_penalty=alpha)`` in JAX.
+  """``generate(num_beams=beam_size, length_penalty=alpha)`` in JAX:
+  :func:`xfmr_jax.beam_search.loop` under :class:`Generate`.
 
   Args:
     model, params, inputs: as in :func:`xfmr_jax.decode.beam_search`
@@ -111,61 +183,5 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
     best finished hypothesis and its ``sum log p / len ** alpha``.
   """
   decode.TRACE_COUNTS['hf_beam_search'] += 1
-  variables = decode._variables(params)  # pylint: disable=protected-access
-  length = decode.decode_length(model.config, inputs.shape[1], max_decode_len)
-  batch, k = inputs.shape[0], beam_size
-  cache = beam_cache.expand(
-      model, decode._init_cache(model, variables, inputs, length), k)  # pylint: disable=protected-access
-  beam_inputs = jnp.repeat(inputs, k, axis=0)
-  zeros = jnp.zeros((batch, k, length), jnp.int32)
-  beams = dict(
-      alive_seqs=zeros,
-      alive_logp=jnp.tile(jnp.asarray([0.0] + [_OFF] * (k - 1)), (batch, 1)),
-      fin_seqs=zeros, fin_scores=jnp.full((batch, k), _OFF),
-      fin_done=jnp.zeros((batch, k), bool),
-      # generate's is_early_stop_heuristic_unsatisfied, per row
-      open=jnp.ones((batch,), bool),
-      all_ended=jnp.zeros((), bool))
-  in_top_k = jnp.arange(2 * k) < k
-
-  def cond(state):
-    t, beams, _ = state
-    return (t < length) & jnp.any(beams['open']) & ~beams['all_ended']
-
-  def body(state):
-    t, beams, cache = state
-    logits, cache = decode._step(  # pylint: disable=protected-access
-        model, variables, cache, beam_inputs,
-        beams['alive_seqs'].reshape(batch * k, length), t, length)
-    top_logp, parent, token = _best_extensions(
-        logits, beams['alive_logp'], 2 * k,
-        force_eos & (t == length - 1))                    # [batch, 2k]
-    seqs = jnp.take_along_axis(beams['alive_seqs'], parent[..., None], axis=1)
-    seqs = seqs.at[:, :, t].set(token)
-    ended = (token == EOS) | (t + 1 >= length)
-    # The k best unended extensions stay alive (ended ones only as fillers).
-    running = top_logp + jnp.where(ended, _OFF, 0.0)
-    alive_logp, alive = jax.lax.top_k(running, k)
-    alive_seqs = jnp.take_along_axis(seqs, alive[..., None], axis=1)
-    parent = jnp.take_along_axis(parent, alive, axis=1)
-    # Finished: ended among the first k ranks, while the row is still open.
-    new_done = ended & in_top_k[None, :]
-    scores = top_logp / (t + 1.0) ** alpha
-    scores = scores + jnp.where(new_done & beams['open'][:, None], 0.0, _OFF)
-    fin_scores, fin_seqs, fin_done = _finish_scores(
-        beams['fin_scores'], beams['fin_seqs'], beams['fin_done'], scores,
-        seqs, new_done)
-    # generate's early_stopping=False heuristic at the new length t + 1.
-    best_alive = alive_logp[:, :1] / (t + 1.0) ** alpha
-    worst = jnp.where(fin_done, jnp.min(fin_scores, axis=1, keepdims=True),
-                      _OFF)
-    still_open = beams['open'] & jnp.any(best_alive > worst, axis=1)
-    rows = (jnp.arange(batch)[:, None] * k + parent).reshape(-1)
-    cache = beam_cache.reorder(model, cache, rows)
-    return t + 1, dict(alive_seqs=alive_seqs, alive_logp=alive_logp,
-                       fin_seqs=fin_seqs, fin_scores=fin_scores,
-                       fin_done=fin_done, open=still_open,
-                       all_ended=jnp.all(ended)), cache
-
-  _, beams, _ = jax.lax.while_loop(cond, body, (0, beams, cache))
-  return beams['fin_seqs'][:, 0], beams['fin_scores'][:, 0]
+  return beam_lib.loop(model, params, inputs, Generate(alpha, force_eos),
+                       beam_size=beam_size, max_decode_len=max_decode_len)

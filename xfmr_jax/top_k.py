@@ -2,9 +2,9 @@
 
 A beam step ranks every token of the vocabulary (``[rows, vocab]``, up to
 256 x 58,101 for a Marian batch) but keeps a handful. ``jax.lax.top_k``
-scans each row in full and XLA's CPU backend runs it on one core: 25-30 ms
-a step at that shape, an eighth of the step. :func:`top_k` gives the same
-values and indices in a fraction of the time:
+scans each row in full and XLA's CPU backend runs it on one core, a good
+share of the step at that shape (see docs/benchmarks.md). :func:`top_k`
+gives the same values and indices in a fraction of the time:
 
 1. cut each row into blocks of ``b`` entries and take every block's maximum
    (a streaming reduction, as cheap as one read of the row);
@@ -34,7 +34,7 @@ def block_size(length: int, k: int) -> int:
   """Entries per block: the power of two at or above ``sqrt(length / k)``,
   which balances the blocks' count (ranked in step 2) against the ``k * b``
   entries ranked in step 3. Measured at 256 x 58,101 with k = 8, blocks of
-  128 were the fastest (8 ms a call against 30 for ``lax.top_k``)."""
+  128 (the rule's choice) were the fastest."""
   return 1 << max(0, math.ceil(math.log2(math.sqrt(length / k))))
 
 
@@ -61,9 +61,9 @@ def top_k(x: jnp.ndarray, k: int) -> tuple[jnp.ndarray, jnp.ndarray]:
   n = rows.shape[0]
   whole = blocks * b
   # A window reduction rather than a max over rows[:, :whole] reshaped to
-  # blocks: XLA's CPU backend wrote that slice out first (8 ms of a Marian
-  # step), while the window reads the row where it lies (in a loop over 256
-  # x 57,984 scores made by an elementwise op: 1.5 against 17 ms).
+  # blocks: XLA's CPU backend wrote that slice out first, while the window
+  # reads the row where it lies (also when the scores are made by an
+  # elementwise op inside a loop, as in a beam step).
   maxima = jax.lax.reduce_window(rows, jnp.array(-jnp.inf, rows.dtype),
                                  jax.lax.max, (1, b), (1, b), 'VALID')
   if whole < length:  # the short last block

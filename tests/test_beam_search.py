@@ -1,0 +1,138 @@
+"""The one beam search loop (xfmr_jax.beam_search) run with a rules object
+directly, against exhaustive float64 searches over a six-token vocabulary."""
+import functools
+import itertools
+
+import jax
+import numpy as np
+import pytest
+
+from tests.test_decode import build, sources
+from xfmr_jax import beam_search, decode, hf_beam, token_ids
+
+EOS, PAD = token_ids.EOS, token_ids.PAD
+VOCAB = 6
+CONTENT = range(2, VOCAB)  # every token but the pad id and EOS
+
+
+def tiny():
+  """A random model over six tokens and two sources (one 0-padded)."""
+  # A seed whose best outputs are 3 tokens long and not greedy's.
+  m, params = build('post', seed=6, vocab_size=VOCAB)
+  return m, params, sources(batch=2, vocab=VOCAB)
+
+
+@functools.lru_cache(maxsize=None)
+def _jit_apply(m):
+  return jax.jit(m.apply)
+
+
+def prefix_log_softmax(m, params, source, length, *, renormalise):
+  """``{prefix: float64 log p(. | prefix) [vocab]}`` for every EOS-free
+  prefix shorter than ``length``, from one teacher-forced pass of the full
+  model. The pad id is banned before the normalisation (GNMT's rules) or
+  after it (``generate``'s, which does not renormalise)."""
+  prefixes = [p for n in range(length)
+              for p in itertools.product(CONTENT, repeat=n)]
+  targets = np.asarray([list(p) + [EOS] * (length - len(p))
+                        for p in prefixes], np.int32)
+  logits = np.asarray(_jit_apply(m)({'params': params}, np.repeat(
+      source[None], len(prefixes), 0), targets), np.float64)
+  if renormalise:
+    logits[..., PAD] = -np.inf
+  top = logits.max(-1, keepdims=True)
+  logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+  logp[..., PAD] = -np.inf
+  return {p: logp[i, len(p)] for i, p in enumerate(prefixes)}
+
+
+def padded(seq, length):
+  return list(seq) + [PAD] * (length - len(seq))
+
+
+def test_gnmt_rules_with_one_beam_are_greedy():
+  m, params, src = tiny()
+  tokens, _ = beam_search.search(m, params, src, beam_search.GNMT(0.6),
+                                 beam_size=1, max_decode_len=10)
+  np.testing.assert_array_equal(
+      tokens, decode.greedy_decode(m, params, src, max_decode_len=10))
+
+
+def test_gnmt_rules_with_a_beam_over_every_hypothesis_are_exhaustive():
+  """With k as large as the 4 ** 2 * 5 extensions of the last step, no
+  hypothesis is ever dropped: the result is the best of all EOS-terminated
+  sequences under log p / length_penalty(len), each scored in float64."""
+  m, params, src = tiny()
+  length, alpha = 3, 2.0
+  k = len(CONTENT) ** (length - 1) * (VOCAB - 1)
+  tokens, scores = beam_search.search(m, params, src, beam_search.GNMT(alpha),
+                                      beam_size=k, max_decode_len=length)
+  lengths = []
+  for row in range(len(src)):
+    logp = prefix_log_softmax(m, params, src[row], length, renormalise=True)
+    exact = {p + (EOS,): (sum(logp[p[:i]][tok] for i, tok in enumerate(p)) +
+                          logp[p][EOS]) /
+             beam_search.length_penalty(len(p) + 1, alpha) for p in logp}
+    best = max(exact, key=exact.get)
+    np.testing.assert_array_equal(tokens[row], padded(best, length))
+    np.testing.assert_allclose(scores[row], exact[best], atol=1e-5)
+    lengths.append(len(best))
+  assert max(lengths) > 2, lengths  # not just the shortest outputs
+
+
+def generate_reference(logp, length, k, alpha, force_eos):
+  """``generate``'s beam search for one sentence, in float64 and plain
+  Python: each step ranks all extensions of the alive beams (ties to the
+  lower beam, then token), keeps the 2k best; an ended one (EOS, or the last
+  position) among the first k ranks is finished, the first k unended ones
+  stay alive; the sentence stops when its k best finished all score at
+  least its best alive beam at the current length, or nothing is alive."""
+  alive, finished = [((), 0.0)], []
+  for t in range(length):
+    ranked = []
+    for b, (seq, total) in enumerate(alive):
+      row = logp[seq]
+      if force_eos and t == length - 1:
+        row = np.where(np.arange(VOCAB) == EOS, 0.0, -np.inf)
+      ranked += [(total + row[tok], b, tok) for tok in range(VOCAB)]
+    ranked.sort(key=lambda c: (-c[0], c[1], c[2]))
+    next_alive = []
+    for rank, (total, b, tok) in enumerate(ranked[:2 * k]):
+      seq = alive[b][0] + (tok,)
+      if tok == EOS or t + 1 == length:
+        if rank < k:
+          finished.append((total / (t + 1) ** alpha, seq))
+      elif len(next_alive) < k:
+        next_alive.append((seq, total))
+    alive = next_alive
+    best_k = sorted((s for s, _ in finished), reverse=True)[:k]
+    if not alive or (len(best_k) == k and
+                     best_k[-1] >= alive[0][1] / (t + 1) ** alpha):
+      break
+  return max(finished, key=lambda f: f[0])  # the first of equal scores
+
+
+@pytest.mark.parametrize('force_eos', [True, False])
+def test_generate_rules_follow_a_float64_reference(force_eos):
+  """``generate`` ranks 2k extensions per beam step, so no beam (2k + 1 <=
+  vocab) covers every hypothesis; the loop under its rules is checked
+  against a plain-Python run of them over exact log-probabilities."""
+  m, params, src = tiny()
+  length, k, alpha = 4, 2, 1.0
+  rules = hf_beam.Generate(alpha, force_eos)
+  tokens, scores = beam_search.search(m, params, src, rules, beam_size=k,
+                                      max_decode_len=length)
+  for row in range(len(src)):
+    logp = prefix_log_softmax(m, params, src[row], length, renormalise=False)
+    score, seq = generate_reference(logp, length, k, alpha, force_eos)
+    np.testing.assert_array_equal(tokens[row], padded(seq, length))
+    np.testing.assert_allclose(scores[row], score, atol=1e-5)
+  assert len({tuple(row) for row in np.asarray(tokens)}) == 2  # not alike
+
+
+def test_rules_are_static_values():
+  """Rules are jit static arguments: equal settings, equal (hashable) rules,
+  so a second search with them reuses the compilation."""
+  assert beam_search.GNMT(0.6) == beam_search.GNMT(0.6)
+  assert hash(hf_beam.Generate(1.0, True)) == hash(hf_beam.Generate(1.0, True))
+  assert beam_search.GNMT(0.6) != beam_search.GNMT(1.0)

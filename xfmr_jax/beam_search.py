@@ -1,0 +1,236 @@
+"""The beam search loop, once, and GNMT's rules for it (paper section 6.1).
+
+:func:`loop` is the one beam search every rule set runs: the encoder (and the
+cross-attention keys/values) run once per sentence, the cache is laid out for
+``k`` beams per sentence (:func:`xfmr_jax.beam_cache.expand`), and a
+``lax.while_loop`` runs one cached decoder step for all ``batch * k`` beam
+rows, asks the rules for the new beams and the parent of each, and has each
+beam's cache follow its parent (:func:`xfmr_jax.beam_cache.reorder`). It
+stops when ``t`` reaches the output length or the rules say every sentence is
+done, and the rules' ``finalize`` gives the result.
+
+How hypotheses are scored, kept, stopped and chosen is the rules' business, a
+small hashable object (so a static jit argument) with the :class:`Rules`
+methods:
+
+* :class:`GNMT` (here): the paper's, with the length penalty
+  ``((5 + len) / 6) ** alpha`` (:func:`xfmr_jax.decode.beam_search`);
+* :class:`xfmr_jax.hf_beam.Generate`: Hugging Face ``generate``'s
+  (:func:`xfmr_jax.hf_beam.beam_search`).
+
+Decoding features fit the same loop: a logits processor (no repeated
+n-grams, a repetition penalty, constrained decoding) acts on the logits in
+the rules' ``update``, which sees every beam's tokens in
+``beams['alive_seqs']``; an n-best list is a ``finalize`` that returns the
+``k`` finished hypotheses both rule sets keep, best first; a target prefix
+is an ``update`` that forces the prefix's token at ``t`` (per-sentence
+arrays such as prefixes would be passed to :func:`loop` and kept in the
+beams by ``init``, as the rules themselves are static).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from xfmr_jax import beam_cache
+from xfmr_jax import decode_steps as steps
+from xfmr_jax import top_k as topk
+from xfmr_jax.token_ids import EOS
+
+NEG_INF = -1.0e7  # finite "impossible" score: keeps beam arithmetic NaN-free
+
+Beams = dict[str, Any]  # a pytree of arrays with at least 'alive_seqs'
+
+
+class Rules(Protocol):
+  """What :func:`loop` asks of a beam search's rules.
+
+  ``beams`` is the rules' own pytree of arrays, carried through the loop; it
+  must hold ``alive_seqs`` ``[batch, k, length]`` int32, the tokens of the
+  ``k`` alive beams of each sentence (the loop feeds the token at ``t - 1``
+  of every beam to the decoder at step ``t``).
+  """
+
+  def init(self, batch: int, k: int, length: int) -> Beams:
+    """The beams before the first step (one real start per sentence)."""
+
+  def update(self, beams: Beams, logits: jax.Array, t: jax.Array,
+             length: int) -> tuple[Beams, jax.Array]:
+    """Extend the beams by the token at position ``t``.
+
+    Args:
+      logits: ``[batch * k, vocab]`` raw logits of step ``t``, the beams of
+        a sentence on consecutive rows (sentence-major).
+
+    Returns:
+      the new beams and ``parent [batch, k]`` int32: which alive beam of
+      the same sentence each new alive beam extends (its cache follows).
+    """
+
+  def done(self, beams: Beams, t: jax.Array, length: int) -> jax.Array:
+    """Bool ``[batch]`` (or a scalar): which sentences need no more steps.
+    Called before each step, ``t`` being the next step's position."""
+
+  def finalize(self, beams: Beams, length: int) -> tuple[jax.Array, jax.Array]:
+    """``(tokens [batch, length] int32, scores [batch] float32)``."""
+
+
+def loop(model, params, inputs, rules: Rules, *, beam_size: int,
+         max_decode_len=None):
+  """Beam search under ``rules``, traceable (jit it, or call it inside a
+  jitted function). Arguments as in :func:`search`."""
+  variables = steps.as_variables(params)
+  inputs = steps.split_rows(inputs)
+  length = steps.decode_length(model.config, inputs.shape[1], max_decode_len)
+  batch, k = inputs.shape[0], beam_size
+  # The encoder and the cross-attention K/V run once per sentence, and stay
+  # so; the self-attention cache gets one row per beam (see beam_cache).
+  cache = beam_cache.expand(model, steps.init_cache(model, variables, inputs,
+                                                    length), k)
+  beam_inputs = jnp.repeat(inputs, k, axis=0)
+
+  def cond(state):
+    t, beams, _ = state
+    return (t < length) & ~jnp.all(rules.done(beams, t, length))
+
+  def body(state):
+    t, beams, cache = state
+    logits, cache = steps.step(model, variables, cache, beam_inputs,
+                               beams['alive_seqs'].reshape(batch * k, length),
+                               t, length)
+    beams, parent = rules.update(beams, logits, t, length)
+    rows = (jnp.arange(batch)[:, None] * k + parent).reshape(-1)
+    return t + 1, beams, beam_cache.reorder(model, cache, rows)
+
+  _, beams, _ = jax.lax.while_loop(
+      cond, body, (0, rules.init(batch, k, length), cache))
+  tokens, scores = rules.finalize(beams, length)
+  return steps.replicated(tokens), steps.replicated(scores)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    'model', 'rules', 'beam_size', 'max_decode_len'))
+def search(model, params, inputs, rules: Rules, *, beam_size=4,
+           max_decode_len=None):
+  """Beam search under any rules, one ``jax.jit``.
+
+  Args:
+    model: a :class:`~xfmr_jax.model.SequenceModel` (static).
+    params: its params (or ``{'params': ...}``).
+    inputs: ``[batch, s]`` int32 source ids, 0-padded.
+    rules: static; e.g. :class:`GNMT` or :class:`xfmr_jax.hf_beam.Generate`.
+    beam_size: static, the ``k`` beams per sentence.
+    max_decode_len: static; default ``s + 50`` capped by ``config.max_len``.
+
+  Returns:
+    what ``rules.finalize`` gives: ``(tokens [batch, max_decode_len] int32,
+    scores [batch] float32)``.
+  """
+  return loop(model, params, inputs, rules, beam_size=beam_size,
+              max_decode_len=max_decode_len)
+
+
+# --------------------------------------------------------------- GNMT rules --
+
+def length_penalty(length, alpha):
+  """GNMT length penalty ``((5 + length) / 6) ** alpha`` (Wu et al., 2016)."""
+  return ((5.0 + length) / 6.0) ** alpha
+
+
+def _gnmt_update(beams, log_probs, t, alpha):
+  """Extend every alive beam by one token at position t.
+
+  The new beam is the ``k`` best extensions by log-probability; those ending in
+  EOS move to the finished set (scored ``logp / length_penalty(t + 1)``, merged
+  keeping the k best), the others stay alive. With k = 1 this is greedy.
+
+  Args:
+    beams: dict of ``alive_seqs``, ``fin_seqs`` ``[batch, k, length]``,
+      ``alive_logp``, ``fin_scores`` ``[batch, k]``.
+    log_probs: ``[batch, k, vocab]`` next-token log-probabilities.
+
+  Returns:
+    the new beams and ``parent [batch, k]``.
+  """
+  batch, k, vocab = log_probs.shape
+  candidates = (beams['alive_logp'][..., None] + log_probs).reshape(batch, -1)
+  logp, index = topk.top_k(candidates, k)
+  parent, token = index // vocab, index % vocab
+  seqs = jnp.take_along_axis(beams['alive_seqs'], parent[..., None], axis=1)
+  seqs = seqs.at[:, :, t].set(token)
+  # Extensions of NEG_INF placeholders (or of a forbidden token) are not real.
+  real = logp > NEG_INF / 2
+  ended = token == EOS
+  new_scores = jnp.where(real & ended, logp / length_penalty(t + 1, alpha),
+                         NEG_INF)
+  fin_scores, pick = jax.lax.top_k(
+      jnp.concatenate([beams['fin_scores'], new_scores], axis=1), k)
+  fin_seqs = jnp.take_along_axis(
+      jnp.concatenate([beams['fin_seqs'], seqs], axis=1), pick[..., None],
+      axis=1)
+  return dict(alive_seqs=seqs,
+              alive_logp=jnp.where(real & ~ended, logp, NEG_INF),
+              fin_seqs=fin_seqs, fin_scores=fin_scores), parent
+
+
+@dataclasses.dataclass(frozen=True)
+class GNMT:
+  """GNMT's beam search rules (Wu et al., 2016; the paper: beam 4, alpha 0.6).
+
+  Each step keeps the ``k`` best extensions of the alive beams by log p
+  (the pad id banned before the log-softmax); those ending in EOS move to the
+  ``k`` best finished hypotheses, scored ``log p / length_penalty(len)``
+  (len counts the EOS), the others stay alive. A sentence is done when no
+  alive beam is left or none can beat its worst finished hypothesis. The
+  result is the best finished hypothesis; a sentence with none falls back to
+  its best unfinished one, scored at the full length. With k = 1 this is
+  greedy decoding.
+
+  Attributes:
+    alpha: the length penalty's exponent, >= 0 (0: plain log p).
+  """
+  alpha: float = 0.6
+
+  def init(self, batch, k, length):
+    # Beam 0 is the real start; the others are placeholders that never win.
+    return dict(
+        alive_seqs=jnp.zeros((batch, k, length), jnp.int32),
+        alive_logp=jnp.tile(jnp.asarray([0.0] + [NEG_INF] * (k - 1)),
+                            (batch, 1)),
+        fin_seqs=jnp.zeros((batch, k, length), jnp.int32),
+        fin_scores=jnp.full((batch, k), NEG_INF))
+
+  def update(self, beams, logits, t, length):
+    del length
+    batch, k = beams['alive_logp'].shape
+    logits = steps.no_pad(logits)
+    log_probs = logits - steps.logsumexp(logits)
+    return _gnmt_update(beams, log_probs.reshape(batch, k, -1), t, self.alpha)
+
+  def done(self, beams, t, length):
+    """No alive beam left, or none can beat the worst finished.
+
+    Log-probabilities only fall and (alpha >= 0) the penalty only grows, so
+    an alive beam's best reachable score is ``logp / length_penalty(length)``.
+    """
+    del t
+    best_alive = jnp.max(beams['alive_logp'], axis=1)
+    worst_finished = jnp.min(beams['fin_scores'], axis=1)  # NEG_INF until k
+    return ((best_alive <= NEG_INF / 2) |
+            (worst_finished > best_alive / length_penalty(length, self.alpha)))
+
+  def finalize(self, beams, length):
+    best = jnp.argmax(beams['alive_logp'], axis=1)
+    alive_seqs = jnp.take_along_axis(beams['alive_seqs'],
+                                     best[:, None, None], axis=1)[:, 0]
+    alive_scores = (jnp.take_along_axis(beams['alive_logp'], best[:, None],
+                                        axis=1)[:, 0] /
+                    length_penalty(length, self.alpha))
+    finished = beams['fin_scores'][:, 0] > NEG_INF / 2
+    tokens = jnp.where(finished[:, None], beams['fin_seqs'][:, 0], alive_seqs)
+    return tokens, jnp.where(finished, beams['fin_scores'][:, 0],
+                             alive_scores)
