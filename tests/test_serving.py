@@ -60,10 +60,12 @@ def test_artifact_layout_and_manifest(artifact, trained_workdir):
   assert set(manifest['modules']) == names
   assert set(manifest['sha256']) == names | {'params.npz', 'tokenizer.model'}
   assert not (artifact.parent / 'artifact.tmp').exists()
-  # The parameters are beside the modules, not inside them.
+  # The parameters are beside the modules, not inside them: a module that
+  # held the float32 weights would be larger than they are (the largest,
+  # beam 4 at width 128, is about 160 KB; the weights are about 820 KB).
   params = np.load(artifact / 'params.npz')
   n_params = sum(params[k].size for k in params.files)
-  assert n_params * 4 > 10 * max(os.path.getsize(artifact / n) for n in names)
+  assert n_params * 4 > 3 * max(os.path.getsize(artifact / n) for n in names)
 
 
 def test_loaded_without_model_code_equals_translator(artifact, trained_workdir,
