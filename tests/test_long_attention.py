@@ -10,8 +10,9 @@ import optax
 import pytest
 
 from tests import reference, test_variants
-from xfmr_jax import (attention, config, decode, linear_attention,
-                      local_attention, masks, model, train_state, train_steps)
+from xfmr_jax import (attention, config, decode, decode_steps,
+                      linear_attention, local_attention, masks, model,
+                      train_state, train_steps)
 
 B, N, H, KV, D = 2, 13, 4, 2, 8
 # Jitted once per static setting: eager dispatch of their many small ops
@@ -304,8 +305,8 @@ def test_cache_does_not_grow_with_the_output(kind):
   m, params, _ = build(**KINDS[kind])
   inputs, _ = batch()
   sizes = [sum(x.size for p, x in jax.tree_util.tree_leaves_with_path(
-      jax.eval_shape(lambda: decode._init_cache(m, {'params': params}, inputs,
-                                                n)))
+      jax.eval_shape(lambda: decode_steps.init_cache(m, {'params': params}, inputs,
+                                                      n)))
                if 'self_attention' in jax.tree_util.keystr(p))
            for n in (8, 64)]
   assert sizes[0] == sizes[1] > 0

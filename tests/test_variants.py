@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from tests import reference
-from xfmr_jax import attention, config, decode, layers, model
+from xfmr_jax import attention, config, decode, decode_steps, layers, model
 from xfmr_jax import positional, token_ids, train_state, train_steps
 
 TINY = dict(vocab_size=24, d_model=32, num_heads=4, d_ff=64,
@@ -157,7 +157,7 @@ def test_gqa_and_mqa_caches_hold_only_the_kv_heads(kind):
   sizes = {}
   for kv_heads in (0, 2, 1):
     m, params = build(model_kind=kind, num_kv_heads=kv_heads)
-    cache = decode._init_cache(m, {'params': params}, inputs, 10)
+    cache = decode_steps.init_cache(m, {'params': params}, inputs, 10)
     keys = [x for p, x in jax.tree_util.tree_leaves_with_path(cache)
             if 'cached_key' in jax.tree_util.keystr(p)]
     # [batch, kv_heads, slots, head_dim]

@@ -44,7 +44,6 @@ from xfmr_jax.beam_search import length_penalty  # noqa: F401
 from xfmr_jax.decode_steps import (  # noqa: F401
     DECODE_EXTRA, decode_length, logsumexp)
 # pylint: enable=unused-import
-_init_cache = steps.init_cache  # tests/test_long_attention.py reads it here
 
 TRACE_COUNTS: collections.Counter = collections.Counter()
 
