@@ -105,6 +105,22 @@ def exported_artifact(trained_workdir, tmp_path_factory):
   return built_once(tmp_path_factory, 'export', export_it) / 'artifact'
 
 
+# The files that take longest, in that order: they start first, so that no
+# process is left running one of them alone at the end while the others wait.
+# (pytest-xdist hands out whole files in collection order; the rest keep
+# theirs.)
+LONGEST_FIRST = ('test_sharding.py', 'test_decode.py', 'test_variants.py',
+                 'test_bad_inputs.py', 'test_marian.py', 'test_benchmark.py',
+                 'test_model.py', 'test_train.py', 'test_serving.py',
+                 'test_long_attention.py', 'test_service.py')
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def pytest_unconfigure(config):
   del config
   if _OWN_CACHE is not None:
