@@ -3,6 +3,7 @@ exit code 2, no traceback, and the workdir left as it was.
 
 Each case runs the real command line in a subprocess (a few seconds each).
 """
+import json
 import os
 import pathlib
 import re
@@ -14,6 +15,7 @@ import tempfile
 import jax
 import pytest
 
+from tests.conftest import TRAINED, TRAINED_MODEL
 from tests.test_train import tiny_config
 from xfmr_jax import checkpoint, optim, run_config, train_state
 
@@ -136,6 +138,77 @@ def test_translate_names_a_damaged_config_file(trained_workdir, tmp_path):
   cmd = [sys.executable, '-m', 'experiments.translate', f'--workdir={broken}']
   assert_rejected(cmd, broken, 'config.json cannot be read as JSON',
                   stdin=b'eins\n')
+
+
+def _translate_command(workdir):
+  return [sys.executable, '-m', 'experiments.translate', f'--workdir={workdir}']
+
+
+def _zero_fill_largest(step_dir):
+  """Zeros over a step's largest array file (its metadata stays readable, so
+  the restore fails part-way, with reads in flight)."""
+  f = max((p for p in (step_dir / 'state').rglob('*') if p.is_file()),
+          key=lambda p: p.stat().st_size)
+  f.write_bytes(b'\0' * f.stat().st_size)
+
+
+@pytest.fixture
+def garbage_workdir(trained_workdir, tmp_path):
+  """A copy of ``trained_workdir`` whose only checkpoint is unreadable."""
+  wd = tmp_path / 'garbage'
+  shutil.copytree(trained_workdir, wd)
+  _zero_fill_largest(wd / 'checkpoints' / '380')
+  return wd
+
+
+def test_translate_with_an_edited_config_names_the_field(trained_workdir,
+                                                         tmp_path):
+  """A config that no longer matches the checkpoints is a config error, not
+  damage: translate (a read-only command) renames nothing."""
+  wd = tmp_path / 'edited'
+  shutil.copytree(trained_workdir, wd)
+  config = json.loads((wd / 'config.json').read_text())
+  config['model']['d_model'] = 96
+  (wd / 'config.json').write_text(json.dumps(config))
+  assert_rejected(_translate_command(wd), wd,
+                  'config.json does not match checkpoint 380: model.d_model '
+                  '(64 there, 96 here)', stdin=b'eins\n')
+
+
+def test_translate_when_no_checkpoint_restores_changes_nothing(
+    garbage_workdir):
+  assert_rejected(_translate_command(garbage_workdir), garbage_workdir,
+                  'no checkpoint in', stdin=b'eins\n')
+
+
+def test_training_when_no_checkpoint_restores_changes_nothing(
+    data_dir, garbage_workdir):
+  model = [f'--config.model.{k}={v}' for k, v in TRAINED_MODEL.items()]
+  cmd = train_command(data_dir, garbage_workdir, *model,
+                      **{**TRAINED, 'num_train_steps': 400})
+  assert_rejected(cmd, garbage_workdir, 'nothing was moved or deleted')
+
+
+def test_translate_skips_a_damaged_newest_checkpoint_in_one_line(
+    trained_workdir, tmp_path):
+  """The newest step is damaged: one warning line names it, the one before
+  translates, and the read-only command leaves the damaged step in place."""
+  wd = tmp_path / 'damaged'
+  shutil.copytree(trained_workdir, wd)
+  shutil.copytree(wd / 'checkpoints' / '380', wd / 'checkpoints' / '400')
+  _zero_fill_largest(wd / 'checkpoints' / '400')
+  before = snapshot(wd)
+  result = subprocess.run(_translate_command(wd), cwd=ROOT,
+                          input=b'eins\nzwei\n', capture_output=True,
+                          timeout=300)
+  err = result.stderr.decode()
+  assert result.returncode == 0, err
+  assert len(result.stdout.decode().splitlines()) == 2
+  lines = [l for l in err.splitlines() if l.strip()]
+  assert len(lines) == 1, err[-3000:]
+  assert 'checkpoint 400' in lines[0] and 'damaged' in lines[0], err
+  assert 'TensorStore details' not in lines[0]
+  assert snapshot(wd) == before
 
 
 def test_a_failed_run_ends_in_its_own_line_while_threads_still_print():

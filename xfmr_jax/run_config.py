@@ -135,9 +135,10 @@ def validate_config(config) -> None:
                       + "'tsv:PATH' or 'files:SRC,TGT'")
 
 
-def check_resumable(saved: dict, config_json: dict, workdir: str) -> None:
-  """Refuse to resume a workdir whose model (or vocabulary) differs from
-  ``config``: its checkpoints and tokenizer belong to the saved config."""
+def model_differences(saved: dict, config_json: dict) -> str:
+  """The fields, besides the changeable ones, in which two configs describe
+  different parameters, as ``model.d_model (32 there, 48 here), ...`` (empty
+  when they describe the same)."""
   # A field that the saved config predates had its default value then.
   defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
   model = {**defaults, **saved.get('model', {})}
@@ -151,9 +152,15 @@ def check_resumable(saved: dict, config_json: dict, workdir: str) -> None:
   # in the other, the checkpoints have another structure (its decay may change).
   if (saved.get('ema_decay', 0.0) > 0) != (config_json.get('ema_decay', 0.0) > 0):
     differ.append('ema_decay')
-  if differ:
-    shown = ', '.join(f"{k} ({_get(saved, k)!r} there, {_get(config_json, k)!r}"
-                      ' here)' for k in differ)
+  return ', '.join(f"{k} ({_get(saved, k)!r} there, {_get(config_json, k)!r}"
+                   ' here)' for k in differ)
+
+
+def check_resumable(saved: dict, config_json: dict, workdir: str) -> None:
+  """Refuse to resume a workdir whose model (or vocabulary) differs from
+  ``config``: its checkpoints and tokenizer belong to the saved config."""
+  shown = model_differences(saved, config_json)
+  if shown:
     raise ConfigError(f'{workdir} holds a run of another model: {shown}. '
                       'Use another --workdir to start fresh, or the same '
                       'values to resume it.')

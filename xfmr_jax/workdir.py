@@ -30,7 +30,7 @@ import ml_collections
 
 from xfmr_jax import checkpoint, marian_tokenizer, optim, train_state
 from xfmr_jax.marian_tokenizer import MarianTokenizer
-from xfmr_jax.run_config import build_model
+from xfmr_jax.run_config import ConfigError, build_model, model_differences
 from xfmr_jax.tokenizer import MODEL_FILENAME as TOKENIZER_FILE
 from xfmr_jax.tokenizer import Tokenizer
 
@@ -135,12 +135,15 @@ class Workdir:
 
   def checkpointer(self, **kwargs) -> checkpoint.Checkpointer:
     """A :class:`~xfmr_jax.checkpoint.Checkpointer` of ``checkpoints/``
-    (``kwargs`` are its ``keep`` and ``async_save``); close it after use."""
+    (``kwargs`` are its ``keep``, ``async_save`` and ``read_only``); close it
+    after use."""
     return checkpoint.Checkpointer(self.checkpoint_dir, **kwargs)
 
   def load(self, step: int | None = None) -> Trained:
     """The model of the newest (or given) checkpoint; a CheckpointError if
-    this is not a training workdir or holds no readable checkpoint."""
+    this is not a training workdir or holds no readable checkpoint, a
+    ConfigError naming the fields if ``config.json`` no longer matches the
+    checkpoint. Reads only: nothing in the workdir is renamed or deleted."""
     here = Workdir(os.path.abspath(self.path))
     for path in (here.tokenizer_path, here.checkpoint_dir, here.config_path):
       if not os.path.exists(path):
@@ -152,14 +155,31 @@ class Workdir:
     tx = optim.from_config(config)
     abstract = jax.eval_shape(
         lambda: train_state.init_state(model, tx, config.seed))
-    ckpt = here.checkpointer(async_save=False)
+    ckpt = here.checkpointer(async_save=False, read_only=True)
     try:
       restored = ckpt.restore(abstract, step)
+    except checkpoint.CheckpointMismatch as e:
+      raise here._mismatch(ckpt, e, config) from None
     finally:
       ckpt.close()
     if restored is None:
       raise checkpoint.CheckpointError(f'no checkpoint in {here.checkpoint_dir}')
     return Trained(model, optim.eval_params(restored[1]), tokenizer, config)
+
+  def _mismatch(self, ckpt, error, config) -> ConfigError:
+    """A config error naming the fields in which ``config.json`` differs
+    from the config the checkpoint was trained with."""
+    try:
+      shown = model_differences(ckpt.saved_config(error.step),
+                                config.to_dict())
+    except Exception:  # pylint: disable=broad-except
+      shown = ''  # its config is unreadable: the shapes are all there is
+    if not shown:
+      return ConfigError(f'{error}; nothing was changed')
+    return ConfigError(
+        f'{self.config_path} does not match checkpoint {error.step}: {shown} '
+        '(there: the checkpoint, here: config.json). Nothing was changed; '
+        'put the checkpoint\'s values back in config.json.')
 
 
 def load_tokenizer(path: str) -> AnyTokenizer:
