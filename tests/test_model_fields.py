@@ -1,5 +1,8 @@
 """The model switches an imported Marian model needs, usable by any model:
-the SiLU activation, Marian's sinusoid layout and a bias on the logits."""
+the SiLU activation, Marian's sinusoid layout, a bias on the logits and a PAD
+embedding row held at zero."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -26,6 +29,8 @@ def test_bad_values_name_the_field():
     small(logits_bias='yes')
   with pytest.raises(ValueError, match='activation'):
     small(activation='swish')
+  with pytest.raises(ValueError, match='pad_embedding'):
+    small(pad_embedding='none')
 
 
 def _init(cfg, seed=0):
@@ -82,3 +87,44 @@ def test_silu_is_x_times_sigmoid():
   np.testing.assert_allclose(
       activations.FUNCTIONS['gelu_exact'](x),
       jax.nn.gelu(x, approximate=False), atol=1e-6)
+
+
+@pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
+def test_pad_embedding_zero_keeps_the_row_at_zero(kind):
+  """The PAD row starts at zero, gets no gradient (the logits' and the
+  lookup's), and what is stored there does not change the logits."""
+  m, params = _init(small(model_kind=kind, pad_embedding='zero'))
+  where = ('source_embed',) if kind == 'encoder_decoder' else ('body', 'embed')
+  get = lambda tree: functools.reduce(lambda t, k: t[k], where, tree)
+  table = get(params)['embedding']
+  assert (table[0] == 0).all() and (table[3] != 0).any()
+  x = jnp.array([[5, 6, 1, 0, 0], [7, 8, 9, 10, 1]], jnp.int32)
+  y = jnp.array([[7, 8, 1, 0, 0], [3, 4, 5, 6, 1]], jnp.int32)
+  apply = lambda p: m.apply({'params': p}, x, y)
+  loss = lambda p: jax.nn.log_softmax(apply(p)).sum()
+  grad = get(jax.grad(loss)(params))['embedding']
+  assert (grad[0] == 0).all() and (grad[5] != 0).any()
+  moved = jax.tree.map(lambda a: a, params)  # a copy of the dicts
+  get(moved)['embedding'] = table.at[0].set(1.0)
+  np.testing.assert_array_equal(apply(moved), apply(params))
+  learned = get(_init(small(model_kind=kind))[1])['embedding']
+  assert (learned[0] != 0).any()  # the default keeps a learned PAD row
+
+
+def test_pad_embedding_zero_stays_zero_under_training():
+  """Through the fast loss path and an optimizer with weight decay."""
+  m, params = _init(small(pad_embedding='zero'))
+  tx = optax.adamw(1e-2, weight_decay=0.1)
+  state = train_state.TrainState(
+      step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+      rng=jax.random.key_data(jax.random.key(0)),
+      bad_step=jnp.full((), -1, jnp.int32))
+  batch = {'inputs': jnp.array([[3, 4, 5, 1], [6, 1, 0, 0]], jnp.int32),
+           'targets': jnp.array([[8, 9, 1, 0], [7, 1, 0, 0]], jnp.int32)}
+  step = jax.jit(lambda s, b: train_steps.train_step(
+      s, b, model=m, tx=tx, label_smoothing=0.1))
+  for _ in range(3):
+    state, _ = step(state, batch)
+  table = state.params['source_embed']['embedding']
+  assert (table[0] == 0).all()
+  assert not np.allclose(table[8], params['source_embed']['embedding'][8])

@@ -140,10 +140,11 @@ class Embedder(nn.Module):
 
   def setup(self):
     cfg = self.config
+    init = nn.initializers.normal(stddev=cfg.d_model ** -0.5)
+    if cfg.pad_embedding == 'zero':
+      init = _zero_pad_row(init)
     self.embedding = self.param(
-        'embedding', nn.with_logical_partitioning(
-            nn.initializers.normal(stddev=cfg.d_model ** -0.5),
-            ('vocab', 'embed')),
+        'embedding', nn.with_logical_partitioning(init, ('vocab', 'embed')),
         (self.vocab_size, cfg.d_model), jnp.float32)
     if cfg.positional == 'learned':
       self.position_embedding = self.param(
@@ -156,13 +157,31 @@ class Embedder(nn.Module):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     positions = default_positions(tokens, positions)
-    x = jnp.take(self.embedding, tokens, axis=0) * jnp.sqrt(float(cfg.d_model))
+    x = jnp.take(self.table(), tokens, axis=0) * jnp.sqrt(float(cfg.d_model))
     if cfg.positional == 'sinusoidal':
       x = x + positional.sinusoidal_encoding(positions, cfg.d_model,
                                              layout=cfg.sinusoid_layout)
     elif cfg.positional == 'learned':
       x = x + jnp.take(self.position_embedding, positions, axis=0)
     return x.astype(dtype)
+
+  def table(self):
+    """``[vocab, d_model]``: the matrix the model computes with. Under
+    ``pad_embedding='zero'`` row PAD is masked to zero, so no gradient reaches
+    it and the parameter row keeps its initial zero (what an exported model
+    then holds)."""
+    if self.config.pad_embedding == 'learned':
+      return self.embedding
+    is_pad = (jnp.arange(self.vocab_size) == PAD)[:, None]
+    return jnp.where(is_pad, jnp.zeros((), self.embedding.dtype),
+                     self.embedding)
+
+
+def _zero_pad_row(init):
+  """``init`` with the PAD row of its ``[vocab, d]`` result set to zero."""
+  def zeroed(key, shape, dtype=jnp.float32):
+    return init(key, shape, dtype).at[PAD].set(0)
+  return zeroed
 
 
 
@@ -202,7 +221,7 @@ class OutputHead(nn.Module):
 
   def _matrix(self):
     """``[vocab, d_model]``: the output weights (the embedding table if tied)."""
-    return self.kernel.T if self.shared is None else self.shared.embedding
+    return self.kernel.T if self.shared is None else self.shared.table()
 
   def table(self):
     """``[vocab, d_model]`` (``[vocab, d_model + 1]`` with a logits bias, its

@@ -11,6 +11,7 @@ ACTIVATIONS = activations.NAMES
 POSITIONALS = ('sinusoidal', 'learned', 'rope', 'alibi', 'none')
 SINUSOID_LAYOUTS = ('interleaved', 'halves')
 LOGITS_BIASES = ('none', 'learned', 'fixed')
+PAD_EMBEDDINGS = ('learned', 'zero')
 DTYPES = ('float32', 'bfloat16')
 MODEL_KINDS = ('encoder_decoder', 'decoder_only', 'encoder_only')
 # The implementations of xfmr_jax.attention.dot_product_attention (its
@@ -44,6 +45,9 @@ class ModelConfig:
     their cosines (Marian's layout) instead of the paper's interleaved pairs;
   * ``logits_bias`` 'learned' or 'fixed': a ``[vocab]`` bias added to the
     output logits, trained or held fixed (Marian's ``final_logits_bias``);
+  * ``pad_embedding`` 'zero': the embedding row of PAD (the decoder's start
+    symbol) is zero and stays zero, as in Marian models, whose C++ and
+    CTranslate2 decoders start from a zero vector rather than that row;
   * ``num_kv_heads`` below ``num_heads``: grouped-query attention (1: MQA);
   * ``use_bias`` False: linear layers without biases;
   * ``model_kind`` 'decoder_only' (a causal LM over ``source EOS target``, see
@@ -83,6 +87,7 @@ class ModelConfig:
   attention_impl: str = 'auto'
   sinusoid_layout: str = 'interleaved'  # or 'halves' (sin first, then cos)
   logits_bias: str = 'none'             # or 'learned' / 'fixed' [vocab] bias
+  pad_embedding: str = 'learned'        # or 'zero': PAD's row held at zero
   # Long inputs: self-attention kind (see the class docstring).
   attention_kind: str = 'full'
   attention_window: int = 0            # local: keys on each side of a query
@@ -111,7 +116,8 @@ class ModelConfig:
                'dtype': DTYPES, 'model_kind': MODEL_KINDS,
                'attention_impl': ATTENTION_IMPLS,
                'sinusoid_layout': SINUSOID_LAYOUTS,
-               'logits_bias': LOGITS_BIASES}
+               'logits_bias': LOGITS_BIASES,
+               'pad_embedding': PAD_EMBEDDINGS}
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         raise ValueError(f'ModelConfig.{name}={getattr(self, name)!r} is not '

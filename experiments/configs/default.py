@@ -39,10 +39,12 @@ def get_config() -> ml_collections.ConfigDict:
       # Variants (see ModelConfig): positional 'rope'/'alibi',
       # activation 'swiglu'/'silu'/'gelu', num_kv_heads < num_heads (GQA,
       # 1 = MQA), use_bias, model_kind 'decoder_only', attention_impl,
-      # sinusoid_layout 'halves' and logits_bias 'learned'/'fixed' (Marian's).
+      # sinusoid_layout 'halves', logits_bias 'learned'/'fixed' and
+      # pad_embedding 'zero' (Marian's).
       num_kv_heads=0, use_bias=True, model_kind='encoder_decoder',
       attention_impl='auto', layer_norm_epsilon=1e-6,
       sinusoid_layout='interleaved', logits_bias='none',
+      pad_embedding='learned',
       # Long inputs (see ModelConfig): self-attention 'local' (a window of
       # attention_window keys each side, attention_global_tokens) or
       # 'linear' (linear_feature_map 'elu' or 'favor'); norm_position 'peri'.
