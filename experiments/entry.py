@@ -1,5 +1,5 @@
 """How every entry point (``train_wmt``, ``translate``, ``train_tagger``,
-``import_marian``) ends
+``import_marian``, ``export_hf``) ends
 on an expected failure: one line on stderr that names the field, file, line or
 path, and exit code 2 for bad input (1 for a run that failed), with the
 traceback only under ``-v`` / ``--verbosity``. Anything else is a bug and keeps
@@ -99,12 +99,14 @@ def _classify(e: BaseException) -> int | None:
   from xfmr_jax.data import DataError
   from xfmr_jax.serving import ArtifactError
   from xfmr_jax.marian import MarianImportError
+  from xfmr_jax.marian_export import MarianExportError
   from xfmr_jax.tokenizer import TokenizerError
   from xfmr_jax.translate import InputTooLong
   if isinstance(e, checkpoint.CheckpointWriteError):
     return FAILED
   if isinstance(e, (run_config.ConfigError, DataError, TokenizerError,
                     InputTooLong, ArtifactError, MarianImportError,
+                    MarianExportError,
                     checkpoint.CheckpointError, FileNotFoundError,
                     NotADirectoryError, IsADirectoryError,
                     PermissionError)):

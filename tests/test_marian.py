@@ -283,3 +283,41 @@ def test_tokenizer_round_trips_through_a_workdir(hf, tmp_path):
   loaded = MarianTokenizer.load(str(tmp_path))
   ids = loaded.encode_target(hf['pairs'][0][1])
   assert loaded.decode(ids + [EOS]) == hf['pairs'][0][1]
+
+
+def test_export_of_an_import_gives_back_the_original_files(hf, tmp_path):
+  """import then export: every tensor the model uses, the config's sizes and
+  ids, and the tokenizer files come back as they were."""
+  from safetensors.numpy import load_file
+  from experiments.import_marian import training_config
+  from xfmr_jax import marian_export
+  fields, params, tokenizer, generation = marian.read_hf_dir(hf['path'])
+  workdir = str(tmp_path / 'imported')
+  marian.write_workdir(workdir, training_config(
+      fields, tokenizer.vocab_size, generation), params, tokenizer)
+  out = str(tmp_path / 'hf')
+  info = marian_export.write_hf_dir(workdir, out)
+  original = load_file(os.path.join(hf['path'], 'model.safetensors'))
+  exported = load_file(os.path.join(out, 'model.safetensors'))
+  assert info['parameters'] == sum(v.size for v in exported.values())
+  for name, value in exported.items():
+    np.testing.assert_array_equal(value, original[name], err_msg=name)
+  with open(os.path.join(hf['path'], 'config.json')) as f:
+    want = json.load(f)
+  with open(os.path.join(out, 'config.json')) as f:
+    got = json.load(f)
+  for key in ('vocab_size', 'd_model', 'encoder_layers', 'decoder_layers',
+              'encoder_attention_heads', 'encoder_ffn_dim', 'pad_token_id',
+              'eos_token_id', 'decoder_start_token_id', 'activation_function',
+              'max_position_embeddings'):
+    assert got[key] == want[key], key
+  for name in ('source.spm', 'target.spm', 'vocab.json'):
+    with open(os.path.join(out, name), 'rb') as a, open(
+        os.path.join(hf['path'], name), 'rb') as b:
+      assert a.read() == b.read(), name
+  reloaded = transformers.MarianMTModel.from_pretrained(out).eval()
+  batch, _ = hf_batch(hf, SOURCES)
+  with torch.no_grad():
+    np.testing.assert_array_equal(
+        reloaded.generate(**batch, num_beams=4, max_new_tokens=20).numpy(),
+        hf['model'].generate(**batch, num_beams=4, max_new_tokens=20).numpy())
