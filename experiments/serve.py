@@ -5,8 +5,12 @@
 
     curl -s localhost:8000/translate -d '{"texts": ["a sentence"]}'
     curl -s localhost:8000/health; curl -s localhost:8000/metrics
+    curl -s 'localhost:8000/metrics?format=prometheus'
 
-Concurrent requests are batched dynamically (see ``xfmr_jax/service.py``).
+Concurrent requests are batched dynamically; the queue is bounded
+(``--max_queue``, 503), requests have a deadline (``--request_timeout_s``,
+504) and, with ``--api_keys_file``, need a key (401); see
+``xfmr_jax/service.py``.
 SIGTERM (or Ctrl-C) stops accepting connections, finishes the requests in
 flight, and exits 0.
 """
@@ -41,6 +45,15 @@ _MAX_TEXTS = flags.DEFINE_integer('max_texts', 64, 'Texts per request.')
 _MAX_CHARS = flags.DEFINE_integer('max_chars', 4000, 'Characters per text.')
 _MAX_BODY = flags.DEFINE_integer('max_body_bytes', 1 << 20,
                                  'Largest request body.')
+_MAX_QUEUE = flags.DEFINE_integer('max_queue', 4096,
+                                  'Sentences that may wait for the decoder; '
+                                  'beyond, 503 with Retry-After.')
+_TIMEOUT = flags.DEFINE_float('request_timeout_s', 60.0,
+                              'Seconds a request may take before it gets 504 '
+                              '(0: no deadline).')
+_API_KEYS = flags.DEFINE_string('api_keys_file', None,
+                                'File of API keys, one per line (# comments); '
+                                'if given, /translate and /metrics need one.')
 _WARM_UP = flags.DEFINE_bool('warm_up', False,
                               'Compile every beam size, bucket and batch size '
                               'before accepting requests.')
@@ -59,6 +72,25 @@ def _artifact_from_workdir(workdir: str) -> str:
   return out
 
 
+def read_api_keys(path: str) -> list[str]:
+  """The keys of ``--api_keys_file``: one per line, blank lines and ``#``
+  comments skipped; an unreadable file or one without a key fails."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      lines = f.read().splitlines()
+  except (OSError, UnicodeDecodeError) as e:
+    entry.fail(f'--api_keys_file {path!r} cannot be read: {e}')
+  keys = [line.strip() for line in lines
+          if line.strip() and not line.lstrip().startswith('#')]
+  if not keys:
+    entry.fail(f'--api_keys_file {path!r} holds no key')
+  if any(len(k) < 16 or any(c.isspace() for c in k) for k in keys):
+    entry.fail(f'--api_keys_file {path!r}: every key must be at least 16 '
+               'characters without spaces (e.g. python -c "import secrets; '
+               'print(secrets.token_urlsafe(32))")')
+  return keys
+
+
 def main(argv):
   if len(argv) > 1:
     entry.fail(f'unexpected arguments: {argv[1:]}')
@@ -68,11 +100,15 @@ def main(argv):
                            ('max_batch', _MAX_BATCH.value or 1, 1),
                            ('max_texts', _MAX_TEXTS.value, 1),
                            ('max_chars', _MAX_CHARS.value, 1),
-                           ('max_body_bytes', _MAX_BODY.value, 1)):
+                           ('max_body_bytes', _MAX_BODY.value, 1),
+                           ('max_queue', _MAX_QUEUE.value, 1)):
     if value < low:
       entry.fail(f'--{name} must be at least {low}, got {value}')
-  if _MAX_WAIT.value < 0:
-    entry.fail(f'--max_wait_ms must be >= 0, got {_MAX_WAIT.value}')
+  for name, value in (('max_wait_ms', _MAX_WAIT.value),
+                      ('request_timeout_s', _TIMEOUT.value)):
+    if value < 0:
+      entry.fail(f'--{name} must be >= 0, got {value}')
+  keys = read_api_keys(_API_KEYS.value) if _API_KEYS.value else ()
   if not entry.verbose():
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger().setLevel(logging.WARNING)
@@ -97,7 +133,8 @@ def main(argv):
   app = service.make_app(
       translator, max_batch=_MAX_BATCH.value, max_wait_ms=_MAX_WAIT.value,
       max_texts=_MAX_TEXTS.value, max_chars=_MAX_CHARS.value,
-      max_body_bytes=_MAX_BODY.value)
+      max_body_bytes=_MAX_BODY.value, max_queue=_MAX_QUEUE.value,
+      request_timeout_s=_TIMEOUT.value, api_keys=keys)
   server = uvicorn.Server(uvicorn.Config(
       app, host=_HOST.value, port=_PORT.value, log_level='warning',
       timeout_graceful_shutdown=_GRACE.value))

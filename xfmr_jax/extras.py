@@ -1,7 +1,7 @@
 """Optional dependencies, installed with the package's extras.
 
 The core install trains, evaluates and translates. Serving over HTTP needs
-the ``serve`` extra (starlette, uvicorn) and the plots need ``viz``
+the ``serve`` extra (starlette, uvicorn, prometheus_client) and the plots need ``viz``
 (matplotlib); the modules that use them import them through
 :func:`require`, so a missing extra is one line that names the install.
 """
@@ -11,7 +11,8 @@ import importlib
 import types
 
 # Which extra brings each optional top-level module.
-EXTRA_OF = {'starlette': 'serve', 'uvicorn': 'serve', 'matplotlib': 'viz'}
+EXTRA_OF = {'starlette': 'serve', 'uvicorn': 'serve',
+            'prometheus_client': 'serve', 'matplotlib': 'viz'}
 
 
 class MissingExtra(ImportError):

@@ -11,7 +11,9 @@ Endpoints:
   blank text gives ''.
 - ``GET /health``: ``{"status": "ok", ...}`` with the artifact's settings.
 - ``GET /metrics``: request counts by status, texts, batches and their mean
-  size, latency percentiles (ms) over the last 10,000 requests.
+  size, the queue, latency percentiles (ms) over the last 10,000 requests;
+  in Prometheus' text format for ``?format=prometheus`` or an Accept header
+  that prefers text/plain (as Prometheus' scraper sends).
 
 Sentences of concurrent requests are batched dynamically: each goes to the
 queue of its (beam size, source bucket), and one decoding thread takes the
@@ -21,28 +23,38 @@ an idle decoder starts at once (no added latency at low load), and while it
 decodes, the sentences that arrive queue up and form the next batch, so
 batches grow with the load.
 
+Limits: at most ``max_queue`` sentences wait (beyond: 503 and
+``Retry-After``, from the decoder's recent time per sentence); a request not
+answered within ``request_timeout_s`` gets 504; a client that disconnects has
+its waiting sentences dropped (a sentence already in a running batch finishes
+there and is discarded); with ``api_keys``, ``/translate`` and ``/metrics``
+answer 401 without one (``/health`` stays open for load balancers).
+
 Bad requests get a 4xx and ``{"error": message}``; the service keeps serving.
 Needs starlette (and an ASGI server such as uvicorn to run it), no model code.
 """
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
+import hmac
 import json
+import math
 import time
 from typing import Callable, Hashable, Sequence
 
-import numpy as np
-
 from xfmr_jax.extras import require
+from xfmr_jax.service_metrics import (PROMETHEUS_CONTENT_TYPE, Stats,
+                                      prometheus_text, wants_prometheus)
 from xfmr_jax.serving import ExportedTranslator, InputTooLong
 
 _WHY = 'the HTTP service (xfmr_jax.service)'
 Starlette = require('starlette.applications', _WHY).Starlette
 Request = require('starlette.requests', _WHY).Request
 JSONResponse = require('starlette.responses', _WHY).JSONResponse
+Response = require('starlette.responses', _WHY).Response
+ClientDisconnect = require('starlette.requests', _WHY).ClientDisconnect
 Route = require('starlette.routing', _WHY).Route
 
 FIELDS = ('texts', 'beam_size')
@@ -51,9 +63,9 @@ FIELDS = ('texts', 'beam_size')
 class RequestError(Exception):
   """A bad request: its HTTP status and a message for the client."""
 
-  def __init__(self, status: int, message: str):
+  def __init__(self, status: int, message: str, headers: dict | None = None):
     super().__init__(message)
-    self.status = status
+    self.status, self.headers = status, headers
 
 
 class Batcher:
@@ -77,6 +89,7 @@ class Batcher:
     self._closing = False
     self.batches = 0
     self.items = 0
+    self.busy_s = 0.0   # time spent in run_batch
 
   def start(self) -> None:
     self._task = asyncio.get_running_loop().create_task(self._loop())
@@ -93,12 +106,29 @@ class Batcher:
   def queued(self) -> int:
     return sum(len(group) for group in self._pending.values())
 
+  def seconds_per_item(self) -> float:
+    """Mean decoder time per item so far (0 before the first batch)."""
+    return self.busy_s / self.items if self.items else 0.0
+
   async def submit(self, key: Hashable, item):
-    """The result for ``item``, once its batch has run."""
+    """The result for ``item``, once its batch has run. Cancelled (its
+    client gone or out of time) while it waits, the item leaves the queue
+    and is never decoded."""
     future = asyncio.get_running_loop().create_future()
-    self._pending.setdefault(key, []).append((time.monotonic(), item, future))
+    entry = (time.monotonic(), item, future)
+    self._pending.setdefault(key, []).append(entry)
     self._wake.set()
-    return await future
+    try:
+      return await future
+    except asyncio.CancelledError:
+      group = self._pending.get(key, [])
+      for i, queued in enumerate(group):
+        if queued is entry:
+          del group[i]
+          if not group:
+            del self._pending[key]
+          break
+      raise
 
   async def _sleep_until_woken(self, timeout: float | None) -> None:
     self._wake.clear()
@@ -124,6 +154,7 @@ class Batcher:
       if not group:
         del self._pending[key]
       items = [item for _, item, _ in batch]
+      started = time.monotonic()
       try:
         results = await loop.run_in_executor(self._pool, self._run_batch,
                                              key, items)
@@ -134,38 +165,10 @@ class Batcher:
         continue
       self.batches += 1
       self.items += len(items)
+      self.busy_s += time.monotonic() - started
       for (_, _, future), result in zip(batch, results):
         if not future.done():  # its client may have gone
           future.set_result(result)
-
-
-class Stats:
-  """Counters and recent latencies for ``GET /metrics``."""
-
-  def __init__(self, window: int = 10_000):
-    self.started = time.time()
-    self.statuses = collections.Counter()
-    self.texts = 0
-    self.latencies = collections.deque(maxlen=window)
-
-  def record(self, status: int, seconds: float, texts: int = 0) -> None:
-    self.statuses[status] += 1
-    self.texts += texts
-    if status == 200:
-      self.latencies.append(seconds)
-
-  def snapshot(self, batcher: Batcher) -> dict:
-    lat = np.asarray(self.latencies) * 1e3
-    percentiles = ({f'p{q}': round(float(np.percentile(lat, q)), 2)
-                    for q in (50, 90, 99)} | {'max': round(float(lat.max()), 2)}
-                   if lat.size else {})
-    return dict(
-        uptime_s=round(time.time() - self.started, 1),
-        requests=sum(self.statuses.values()),
-        requests_by_status={str(k): v for k, v in sorted(self.statuses.items())},
-        texts=self.texts, batches=batcher.batches,
-        mean_batch_size=round(batcher.items / max(batcher.batches, 1), 2),
-        queued=batcher.queued, latency_ms=percentiles)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -226,17 +229,40 @@ def parse_request(body: bytes, *, beam_sizes: Sequence[int], max_texts: int,
   return texts, beam_size
 
 
+async def _client_gone(request: Request) -> None:
+  """Returns when the client disconnects (the server's ``http.disconnect``,
+  which comes once the body has been read and the connection drops)."""
+  while (await request.receive())['type'] != 'http.disconnect':
+    pass
+
+
+def _api_key(request: Request) -> str | None:
+  auth = request.headers.get('authorization', '')
+  if auth[:7].lower() == 'bearer ':
+    return auth[7:].strip()
+  return request.headers.get('x-api-key')
+
+
 def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
              max_wait_ms: float = 0.0, max_texts: int = 64,
-             max_chars: int = 4000, max_body_bytes: int = 1 << 20) -> Starlette:
+             max_chars: int = 4000, max_body_bytes: int = 1 << 20,
+             max_queue: int = 4096, request_timeout_s: float = 60.0,
+             api_keys: Sequence[str] = ()) -> Starlette:
   """The service's Starlette app (see the module docstring).
 
   Args:
     max_batch: sentences per decoder call (default: the artifact's).
     max_wait_ms: how long an idle decoder waits for a batch to fill.
     max_texts, max_chars, max_body_bytes: request limits (413 beyond them).
+    max_queue: sentences that may wait for the decoder; a request that
+      would go beyond gets 503 with ``Retry-After``.
+    request_timeout_s: a request not answered by then gets 504 and its
+      waiting sentences leave the queue (0: no deadline).
+    api_keys: if given, ``/translate`` and ``/metrics`` need one of them
+      (``Authorization: Bearer KEY`` or ``X-API-Key: KEY``; 401 without).
   """
   max_batch = min(max_batch or translator.batch_size, translator.batch_size)
+  keys = [k.encode() for k in api_keys]
   stats = Stats()
   state = {}
 
@@ -250,22 +276,72 @@ def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
     except InputTooLong as e:
       raise RequestError(413, f'texts[{index}]: {e}') from None
 
+  def check_key(request: Request) -> None:
+    if not keys:
+      return
+    given = (_api_key(request) or '').encode()
+    # compare_digest against every key: the time does not tell which matched
+    if not any([hmac.compare_digest(given, k) for k in keys]):
+      raise RequestError(401, 'missing or unknown API key: send '
+                         '"Authorization: Bearer KEY" or "X-API-Key: KEY"',
+                         {'WWW-Authenticate': 'Bearer'})
+
+  def check_room(batcher: Batcher, n: int) -> None:
+    if batcher.queued + n <= max_queue:
+      return
+    wait = max(1, math.ceil(batcher.queued * batcher.seconds_per_item()))
+    raise RequestError(
+        503, f'the queue holds {batcher.queued} sentences and this request '
+        f'adds {n} (limit {max_queue}); retry in {wait} s',
+        {'Retry-After': str(wait)})
+
+  async def decode_all(request: Request, jobs: list) -> list:
+    """The results of ``jobs``, or a RequestError when the deadline passes
+    or the client leaves (the waiting sentences then leave the queue)."""
+    if not jobs:
+      return []
+    work = asyncio.ensure_future(asyncio.gather(*jobs))
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+      done, _ = await asyncio.wait(
+          {work, gone}, timeout=request_timeout_s or None,
+          return_when=asyncio.FIRST_COMPLETED)
+    finally:
+      gone.cancel()
+    if work in done:
+      return work.result()
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+      await work
+    if gone in done:
+      raise RequestError(499, 'the client closed the connection')
+    raise RequestError(504, f'not translated within {request_timeout_s:g} s '
+                       '(--request_timeout_s); the service is overloaded or '
+                       'the texts are long: retry later or send fewer')
+
   async def translate(request: Request):
     start = time.perf_counter()
     try:
-      body = await _read_body(request, max_body_bytes)
+      check_key(request)
+      try:
+        body = await _read_body(request, max_body_bytes)
+      except ClientDisconnect:
+        raise RequestError(499, 'the client closed the connection') from None
       texts, beam_size = parse_request(
           body, beam_sizes=translator.beam_sizes, max_texts=max_texts,
           max_chars=max_chars)
       encoded = [encode(t, i) for i, t in enumerate(texts)]
       batcher = state['batcher']
+      rows = [ids for ids in encoded if ids is not None]
+      check_room(batcher, len(rows))
       jobs = [batcher.submit((beam_size, translator.bucket(len(ids))), ids)
-              for ids in encoded if ids is not None]
-      done = iter(await asyncio.gather(*jobs))
+              for ids in rows]
+      done = iter(await decode_all(request, jobs))
       out = ['' if ids is None else next(done) for ids in encoded]
     except RequestError as e:
       stats.record(e.status, time.perf_counter() - start)
-      return JSONResponse({'error': str(e)}, status_code=e.status)
+      return JSONResponse({'error': str(e)}, status_code=e.status,
+                          headers=e.headers)
     except Exception as e:  # pylint: disable=broad-except
       stats.record(500, time.perf_counter() - start)
       return JSONResponse({'error': f'{type(e).__name__}: {e}'},
@@ -278,9 +354,19 @@ def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
         status='ok', beam_sizes=translator.beam_sizes,
         buckets=translator.buckets, max_input_tokens=translator.max_input,
         max_batch=max_batch, max_texts=max_texts, max_chars=max_chars,
-        platforms=translator.manifest['platforms']))
+        max_queue=max_queue, request_timeout_s=request_timeout_s,
+        api_keys=bool(keys), platforms=translator.manifest['platforms']))
 
-  async def metrics(_):
+  async def metrics(request: Request):
+    try:
+      check_key(request)
+    except RequestError as e:
+      return JSONResponse({'error': str(e)}, status_code=e.status,
+                          headers=e.headers)
+    if wants_prometheus(request.headers.get('accept', ''),
+                        request.query_params.get('format')):
+      return Response(prometheus_text(stats, state['batcher']),
+                      media_type=PROMETHEUS_CONTENT_TYPE)
     return JSONResponse(stats.snapshot(state['batcher']))
 
   @contextlib.asynccontextmanager
