@@ -5,6 +5,8 @@
 
 Endpoints:
 
+- ``GET /``: a page to type text into and translate it
+  (:mod:`xfmr_jax.service_page`).
 - ``POST /translate`` with ``{"texts": [str, ...], "beam_size": int}``
   (``beam_size`` optional: one the artifact exported) answers
   ``{"translations": [str, ...], "beam_size": int}`` in the same order; a
@@ -44,6 +46,7 @@ import math
 import time
 from typing import Callable, Hashable, Sequence
 
+from xfmr_jax import service_page
 from xfmr_jax.extras import require
 from xfmr_jax.service_metrics import (PROMETHEUS_CONTENT_TYPE, Stats,
                                       prometheus_text, wants_prometheus)
@@ -54,6 +57,7 @@ Starlette = require('starlette.applications', _WHY).Starlette
 Request = require('starlette.requests', _WHY).Request
 JSONResponse = require('starlette.responses', _WHY).JSONResponse
 Response = require('starlette.responses', _WHY).Response
+HTMLResponse = require('starlette.responses', _WHY).HTMLResponse
 ClientDisconnect = require('starlette.requests', _WHY).ClientDisconnect
 Route = require('starlette.routing', _WHY).Route
 
@@ -349,6 +353,12 @@ def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
     stats.record(200, time.perf_counter() - start, len(texts))
     return JSONResponse({'translations': out, 'beam_size': beam_size})
 
+  page = service_page.render(translator.beam_sizes, max_texts=max_texts,
+                             max_chars=max_chars, needs_key=bool(keys))
+
+  async def index(_):
+    return HTMLResponse(page)
+
   async def health(_):
     return JSONResponse(dict(
         status='ok', beam_sizes=translator.beam_sizes,
@@ -376,7 +386,8 @@ def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
     yield
     await state['batcher'].close()
 
-  return Starlette(routes=[Route('/translate', translate, methods=['POST']),
+  return Starlette(routes=[Route('/', index, methods=['GET']),
+                           Route('/translate', translate, methods=['POST']),
                            Route('/health', health, methods=['GET']),
                            Route('/metrics', metrics, methods=['GET'])],
                    lifespan=lifespan)
