@@ -8,22 +8,21 @@ queue's state is known at every step; tests/test_service.py drives the real
 exported model in a real process.
 """
 import asyncio
-import contextlib
 import json
 import os
-import socket
 import threading
 import time
 
 import pytest
 
 httpx = pytest.importorskip('httpx')
-uvicorn = pytest.importorskip('uvicorn')
+pytest.importorskip('uvicorn')
 pytest.importorskip('starlette')
 pytest.importorskip('prometheus_client')
 
 from starlette.testclient import TestClient  # noqa: E402
 
+from tests.local_server import serve_in_thread  # noqa: E402
 from xfmr_jax import service  # noqa: E402
 from xfmr_jax.serving import InputTooLong  # noqa: E402
 
@@ -64,31 +63,6 @@ class HeldTranslator:
     return [r[::-1] for r in rows]
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _running(app):
-  """``app`` served by uvicorn on a thread; yields its URL."""
-  port = _free_port()
-  server = uvicorn.Server(uvicorn.Config(app, host='127.0.0.1', port=port,
-                                         log_level='warning'))
-  thread = threading.Thread(target=server.run, daemon=True)
-  thread.start()
-  deadline = time.time() + 30
-  while not server.started:
-    assert time.time() < deadline and thread.is_alive(), 'no server'
-    time.sleep(0.02)
-  try:
-    yield f'http://127.0.0.1:{port}'
-  finally:
-    server.should_exit = True
-    thread.join(30)
-
-
 def _metrics(url, **kw):
   return httpx.get(url + '/metrics', **kw).json()
 
@@ -109,7 +83,7 @@ async def _post_all(url, bodies, timeout=30):
 def test_a_full_queue_answers_503_with_retry_after_then_serves():
   translator = HeldTranslator()
   app = service.make_app(translator, max_queue=6, max_wait_ms=0)
-  with _running(app) as url:
+  with serve_in_thread(app) as url:
     translator.gate.clear()
     # 'a' goes to the decoder (held there); 6 more texts fill the queue.
     async def scenario():
@@ -140,7 +114,7 @@ def test_a_full_queue_answers_503_with_retry_after_then_serves():
 def test_a_request_past_its_deadline_gets_504_and_leaves_the_queue():
   translator = HeldTranslator()
   app = service.make_app(translator, request_timeout_s=0.5)
-  with _running(app) as url:
+  with serve_in_thread(app) as url:
     translator.gate.clear()
     async def scenario():
       async with httpx.AsyncClient(timeout=30) as client:
@@ -163,7 +137,7 @@ def test_a_request_past_its_deadline_gets_504_and_leaves_the_queue():
 def test_clients_that_disconnect_leave_the_queue_empty():
   translator = HeldTranslator()
   app = service.make_app(translator, max_queue=1000)
-  with _running(app) as url:
+  with serve_in_thread(app) as url:
     translator.gate.clear()
     async def hundred_clients_that_give_up():
       async with httpx.AsyncClient(timeout=30) as client:

@@ -6,16 +6,12 @@ Skipped where Selenium or the browser is missing (``.ci/run`` installs both:
 ``apt-get install chromium chromium-driver``).
 """
 import contextlib
-import os
 import shutil
-import socket
-import threading
-import time
 
 import pytest
 
 httpx = pytest.importorskip('httpx')
-uvicorn = pytest.importorskip('uvicorn')
+pytest.importorskip('uvicorn')
 webdriver = pytest.importorskip('selenium.webdriver')
 CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser')
 CHROMEDRIVER = shutil.which('chromedriver')
@@ -27,30 +23,15 @@ pytestmark = pytest.mark.skipif(
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
+from tests.local_server import serve_in_thread  # noqa: E402
 from xfmr_jax import data, service, serving  # noqa: E402
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 @pytest.fixture(scope='module')
 def url(exported_artifact):
   app = service.make_app(serving.load(str(exported_artifact)), max_texts=8)
-  port = _free_port()
-  server = uvicorn.Server(uvicorn.Config(app, host='127.0.0.1', port=port,
-                                         log_level='warning'))
-  thread = threading.Thread(target=server.run, daemon=True)
-  thread.start()
-  deadline = time.time() + 60
-  while not server.started:
-    assert time.time() < deadline and thread.is_alive(), 'no server'
-    time.sleep(0.05)
-  yield f'http://127.0.0.1:{port}'
-  server.should_exit = True
-  thread.join(30)
+  with serve_in_thread(app) as base:
+    yield base
 
 
 @pytest.fixture(scope='module')

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import tempfile
 import time
 
 import httpx
@@ -29,7 +27,8 @@ import numpy as np
 
 from experiments.benchmark.common import machine
 from experiments.benchmark.report import write_json
-from experiments.benchmark.serving import _start_service
+from experiments.benchmark.serving import (_start_service, export_for_load,
+                                           test_sources)
 
 
 async def _closed_loop(url, texts, concurrency, requests, beam_size) -> float:
@@ -89,14 +88,8 @@ def main(argv=None) -> dict:
   p.add_argument('--port', type=int, default=8741)
   p.add_argument('--json', default=None)
   args = p.parse_args(argv)
-  from xfmr_jax import data, export
-  from xfmr_jax.workdir import Workdir
-  config = Workdir(args.workdir).read_config()
-  test = data.get_source(config['dataset'], 'test', config['data_dir'] or None)
-  texts = [test[i][0] for i in range(min(len(test), 512))]
-  artifact = os.path.join(tempfile.mkdtemp(), 'artifact')
-  export.export_workdir(args.workdir, artifact, beam_sizes=(args.beam_size,),
-                        buckets=(16, 32, 64), progress=lambda line: None)
+  texts = test_sources(args.workdir)
+  artifact, _ = export_for_load(args.workdir, beam_sizes=(args.beam_size,))
   loads = [float(x) for x in args.loads.split(',')]
   services = (('unbounded', ('--max_queue=1000000', '--request_timeout_s=0')),
               (f'max_queue={args.max_queue}',

@@ -120,6 +120,27 @@ def load_levels(url: str, texts: list[str], levels, requests: int,
   return rows
 
 
+def test_sources(workdir: str, n: int = 512) -> list[str]:
+  """The first ``n`` source sentences of the workdir's test split."""
+  from xfmr_jax import data
+  from xfmr_jax.workdir import Workdir
+  config = Workdir(workdir).read_config()
+  test = data.get_source(config['dataset'], 'test', config['data_dir'] or None)
+  return [test[i][0] for i in range(min(len(test), n))]
+
+
+def export_for_load(workdir: str, beam_sizes) -> tuple[str, dict]:
+  """``(artifact folder, manifest)``: the workdir exported to a temporary
+  folder with ``beam_sizes`` and only the buckets the toy test sentences
+  need, so that the service's warm-up compiles few executables."""
+  from xfmr_jax import export
+  artifact = os.path.join(tempfile.mkdtemp(), 'artifact')
+  manifest = export.export_workdir(workdir, artifact, beam_sizes=beam_sizes,
+                                   buckets=(16, 32, 64),
+                                   progress=lambda line: None)
+  return artifact, manifest
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(prog='python -m experiments.benchmark.serving')
   p.add_argument('--workdir', required=True, help='a trained toy workdir')
@@ -130,18 +151,9 @@ def main(argv=None) -> dict:
   p.add_argument('--port', type=int, default=8731)
   p.add_argument('--json', default=None)
   args = p.parse_args(argv)
-  from xfmr_jax import data, export
-  from xfmr_jax.workdir import Workdir
-  config = Workdir(args.workdir).read_config()
-  test = data.get_source(config['dataset'], 'test', config['data_dir'] or None)
-  texts = [test[i][0] for i in range(min(len(test), 512))]
-  artifact = os.path.join(tempfile.mkdtemp(), 'artifact')
+  texts = test_sources(args.workdir)
   start = time.perf_counter()
-  # The default beam only, and the buckets the toy test sentences need, so
-  # that the service's warm-up compiles few executables.
-  manifest = export.export_workdir(args.workdir, artifact, beam_sizes=(4, 1),
-                                   buckets=(16, 32, 64),
-                                   progress=lambda line: None)
+  artifact, manifest = export_for_load(args.workdir, beam_sizes=(4, 1))
   result = dict(machine=machine(), export_s=time.perf_counter() - start,
                 cold_start_s={})
   samples = {kind: [] for kind in COLD}
