@@ -26,14 +26,15 @@ decodes, the sentences that arrive queue up and form the next batch, so
 batches grow with the load.
 
 Limits: at most ``max_queue`` sentences wait (beyond: 503 and
-``Retry-After``, from the decoder's recent time per sentence); a request not
+``Retry-After``, from the decoder's mean time per sentence so far); a request not
 answered within ``request_timeout_s`` gets 504; a client that disconnects has
 its waiting sentences dropped (a sentence already in a running batch finishes
 there and is discarded); with ``api_keys``, ``/translate`` and ``/metrics``
 answer 401 without one (``/health`` stays open for load balancers).
 
 Bad requests get a 4xx and ``{"error": message}``; the service keeps serving.
-Needs starlette (and an ASGI server such as uvicorn to run it), no model code.
+Needs starlette and prometheus_client (the ``serve`` extra; and an ASGI
+server such as uvicorn to run it), no model code.
 """
 from __future__ import annotations
 
