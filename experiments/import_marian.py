@@ -19,25 +19,12 @@ from absl import flags
 from absl import logging as absl_logging
 
 from experiments import entry
+from experiments.configs import finetune
 
 _HF_DIR = flags.DEFINE_string('hf_dir', None, 'Hugging Face Marian model '
                               'directory.', required=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Workdir to create.',
                                required=True)
-
-
-def training_config(fields: dict, vocab_size: int, generation: dict):
-  """The workdir's ``config.json``: the fine-tuning config with the imported
-  model, vocabulary and decoding defaults."""
-  from experiments.configs import finetune
-  config = finetune.get_config()
-  config.model.update(fields)
-  config.vocab_size = vocab_size
-  config.beam_size = generation['beam_size']
-  config.beam_alpha = generation['beam_alpha']
-  config.max_length = min(config.max_length, fields['max_len'])
-  config.eval_max_length = min(config.eval_max_length, fields['max_len'])
-  return config
 
 
 def main(argv):
@@ -48,7 +35,7 @@ def main(argv):
     logging.getLogger().setLevel(logging.WARNING)
   from xfmr_jax import marian, model as model_lib
   fields, params, tokenizer, generation = marian.read_hf_dir(_HF_DIR.value)
-  config = training_config(fields, tokenizer.vocab_size, generation)
+  config = finetune.for_imported(fields, tokenizer.vocab_size, generation)
   marian.write_workdir(_WORKDIR.value, config, params, tokenizer)
   print(f'imported {model_lib.param_count(params) / 1e6:.1f}M parameters '
         f'(d_model {fields["d_model"]}, {fields["num_encoder_layers"]}+'

@@ -289,11 +289,11 @@ def test_export_of_an_import_gives_back_the_original_files(hf, tmp_path):
   """import then export: every tensor the model uses, the config's sizes and
   ids, and the tokenizer files come back as they were."""
   from safetensors.numpy import load_file
-  from experiments.import_marian import training_config
+  from experiments.configs import finetune
   from xfmr_jax import marian_export
   fields, params, tokenizer, generation = marian.read_hf_dir(hf['path'])
   workdir = str(tmp_path / 'imported')
-  marian.write_workdir(workdir, training_config(
+  marian.write_workdir(workdir, finetune.for_imported(
       fields, tokenizer.vocab_size, generation), params, tokenizer)
   out = str(tmp_path / 'hf')
   info = marian_export.write_hf_dir(workdir, out)

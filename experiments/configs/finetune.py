@@ -35,3 +35,17 @@ def get_config():
   c.beam_alpha = 1.0
   c.bleu_samples = 256
   return c
+
+
+def for_imported(fields: dict, vocab_size: int, generation: dict):
+  """The config an imported model's workdir records (``config.json``): this
+  recipe with the imported model fields, vocabulary and decoding defaults
+  (``generation``: ``beam_size``, ``beam_alpha``)."""
+  config = get_config()
+  config.model.update(fields)
+  config.vocab_size = vocab_size
+  config.beam_size = generation['beam_size']
+  config.beam_alpha = generation['beam_alpha']
+  config.max_length = min(config.max_length, fields['max_len'])
+  config.eval_max_length = min(config.eval_max_length, fields['max_len'])
+  return config
