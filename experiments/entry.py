@@ -25,6 +25,15 @@ def verbose() -> bool:
   return any(a.startswith(('-v', '--v')) for a in sys.argv[1:])
 
 
+def quiet_libraries() -> None:
+  """Warnings and errors only from absl and the libraries' loggers, unless
+  the user asked for ``-v`` / ``--verbosity``."""
+  if not verbose():
+    from absl import logging as absl_logging
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    logging.getLogger().setLevel(logging.WARNING)
+
+
 def fail(message: str, code: int = BAD_INPUT):
   if code != FAILED:
     print(f'error: {message}', file=sys.stderr, flush=True)

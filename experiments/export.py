@@ -11,12 +11,10 @@ with ``xfmr_jax.serving.load(ARTIFACT)`` or serve it with
 """
 from __future__ import annotations
 
-import logging
 import os
 import time
 
 from absl import flags
-from absl import logging as absl_logging
 
 from experiments import entry
 
@@ -48,9 +46,7 @@ def main(argv):
     beams = [int(b) for b in _BEAMS.value]
   except ValueError:
     entry.fail(f'--beam_sizes must be integers, got {_BEAMS.value}')
-  if not entry.verbose():
-    absl_logging.set_verbosity(absl_logging.WARNING)
-    logging.getLogger().setLevel(logging.WARNING)
+  entry.quiet_libraries()
   from xfmr_jax import export
   start = time.time()
   try:

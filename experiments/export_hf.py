@@ -13,10 +13,7 @@ a toy model that exports. See docs/serving.md.
 """
 from __future__ import annotations
 
-import logging
-
 from absl import flags
-from absl import logging as absl_logging
 
 from experiments import entry
 
@@ -31,9 +28,7 @@ _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the '
 def main(argv):
   if len(argv) > 1:
     entry.fail(f'unexpected arguments: {argv[1:]}')
-  if not entry.verbose():
-    absl_logging.set_verbosity(absl_logging.WARNING)
-    logging.getLogger().setLevel(logging.WARNING)
+  entry.quiet_libraries()
   from xfmr_jax import marian_export
   info = marian_export.write_hf_dir(_WORKDIR.value, _OUT.value, _STEP.value)
   print(f'exported {info["parameters"] / 1e6:.2f}M parameters (vocab '

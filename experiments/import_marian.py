@@ -13,10 +13,7 @@ needed (except to read a ``pytorch_model.bin``).
 """
 from __future__ import annotations
 
-import logging
-
 from absl import flags
-from absl import logging as absl_logging
 
 from experiments import entry
 from experiments.configs import finetune
@@ -30,9 +27,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Workdir to create.',
 def main(argv):
   if len(argv) > 1:
     entry.fail(f'unexpected arguments: {argv[1:]}')
-  if not entry.verbose():
-    absl_logging.set_verbosity(absl_logging.WARNING)
-    logging.getLogger().setLevel(logging.WARNING)
+  entry.quiet_libraries()
   from xfmr_jax import marian, model as model_lib
   fields, params, tokenizer, generation = marian.read_hf_dir(_HF_DIR.value)
   config = finetune.for_imported(fields, tokenizer.vocab_size, generation)

@@ -16,14 +16,12 @@ flight, and exits 0.
 """
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import tempfile
 import time
 
 from absl import flags
-from absl import logging as absl_logging
 
 from experiments import entry
 from xfmr_jax.extras import require
@@ -109,9 +107,7 @@ def main(argv):
     if value < 0:
       entry.fail(f'--{name} must be >= 0, got {value}')
   keys = read_api_keys(_API_KEYS.value) if _API_KEYS.value else ()
-  if not entry.verbose():
-    absl_logging.set_verbosity(absl_logging.WARNING)
-    logging.getLogger().setLevel(logging.WARNING)
+  entry.quiet_libraries()
   uvicorn = require('uvicorn', 'python -m experiments.serve')
   if _CACHE.value:
     import jax

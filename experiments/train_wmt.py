@@ -23,7 +23,6 @@ from xfmr_jax import host_memory
 host_memory.reuse_freed_memory()
 
 from absl import app, flags  # noqa: E402  (after the malloc settings)
-from absl import logging as absl_logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from experiments import entry  # noqa: E402
@@ -43,9 +42,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   # Library chatter (orbax, TFDS) only from warnings up; our own progress at
   # INFO. --verbosity=0 (or -v 0) brings the libraries back.
-  if not entry.verbose():
-    absl_logging.set_verbosity(absl_logging.WARNING)
-    logging.getLogger().setLevel(logging.WARNING)
+  entry.quiet_libraries()
   logging.getLogger('xfmr_jax').setLevel(logging.INFO)
   logging.getLogger('xfmr_jax').addHandler(logging.StreamHandler())
   logging.getLogger('xfmr_jax').propagate = False

@@ -9,12 +9,10 @@ rejects them instead).
 """
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
 from absl import flags
-from absl import logging as absl_logging
 
 from experiments import entry
 
@@ -69,9 +67,7 @@ def main(argv):
   if len(argv) > 1:
     entry.fail(f'unexpected arguments: {argv[1:]}')
   check_flags()
-  if not entry.verbose():
-    absl_logging.set_verbosity(absl_logging.WARNING)
-    logging.getLogger().setLevel(logging.WARNING)
+  entry.quiet_libraries()
   from xfmr_jax.translate import Translator
   chosen = {name: flag.value for name, flag in (('alpha', _ALPHA),
                                                 ('beam_rules', _RULES))

@@ -80,6 +80,15 @@ async def _post_all(url, bodies, timeout=30):
                                   for b in bodies), return_exceptions=True)
 
 
+async def _held_in_decoder(client, url, translator, texts):
+  """Sends ``texts`` and returns the pending request once its batch is in
+  the (held) decoder."""
+  request = asyncio.ensure_future(client.post(url + '/translate',
+                                              json={'texts': texts}))
+  assert await asyncio.to_thread(translator.entered.wait, 10)
+  return request
+
+
 def test_a_full_queue_answers_503_with_retry_after_then_serves():
   translator = HeldTranslator()
   app = service.make_app(translator, max_queue=6, max_wait_ms=0)
@@ -88,9 +97,7 @@ def test_a_full_queue_answers_503_with_retry_after_then_serves():
     # 'a' goes to the decoder (held there); 6 more texts fill the queue.
     async def scenario():
       async with httpx.AsyncClient(timeout=30) as client:
-        first = asyncio.ensure_future(client.post(
-            url + '/translate', json={'texts': ['a']}))
-        assert await asyncio.to_thread(translator.entered.wait, 10)
+        first = await _held_in_decoder(client, url, translator, ['a'])
         queued = [asyncio.ensure_future(client.post(
             url + '/translate', json={'texts': [f'q{i}', f'r{i}']}))
             for i in range(3)]
@@ -118,9 +125,7 @@ def test_a_request_past_its_deadline_gets_504_and_leaves_the_queue():
     translator.gate.clear()
     async def scenario():
       async with httpx.AsyncClient(timeout=30) as client:
-        held = asyncio.ensure_future(client.post(
-            url + '/translate', json={'texts': ['held']}))
-        assert await asyncio.to_thread(translator.entered.wait, 10)
+        held = await _held_in_decoder(client, url, translator, ['held'])
         late = await client.post(url + '/translate',
                                  json={'texts': ['late1', 'late2']})
         return [await held, late]

@@ -237,13 +237,11 @@ def write_hf_dir(workdir: str, out: str, step: int | None = None) -> dict:
   embedding row: 0 when CTranslate2 decodes as transformers does).
   """
   wd = Workdir(workdir)
-  config = ml_collections.ConfigDict(wd.read_config()) if wd.has_config() \
-      else None
-  if config is not None:  # the vocabulary size is not needed for the check
-    check_exportable(run_config.model_config(config, 1))
+  if wd.has_config():  # (load builds the model of this same config.json)
+    check_exportable(run_config.model_config(
+        ml_collections.ConfigDict(wd.read_config()), vocab_size=1))
   trained = wd.load(step)
   cfg = trained.model.config
-  check_exportable(cfg)
   ids = marian_ids(trained.tokenizer)
   tensors = hf_tensors(trained.params, cfg, ids)
   tmp = _prepare_out(out)

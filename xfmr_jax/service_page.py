@@ -8,8 +8,6 @@ API keys required it shows a key field; the key stays in the page.
 """
 from __future__ import annotations
 
-import html
-import json
 from typing import Sequence
 
 _PAGE = """<!doctype html>
@@ -98,6 +96,6 @@ def render(beam_sizes: Sequence[int], *, max_texts: int, max_chars: int,
       f'<option value="{int(b)}"{" selected" if i == 0 else ""}>{int(b)}'
       '</option>' for i, b in enumerate(beam_sizes))
   return (_PAGE.replace('__BEAM_OPTIONS__', options)
-          .replace('__MAX_TEXTS__', html.escape(json.dumps(max_texts)))
-          .replace('__MAX_CHARS__', html.escape(json.dumps(max_chars)))
+          .replace('__MAX_TEXTS__', str(int(max_texts)))
+          .replace('__MAX_CHARS__', str(int(max_chars)))
           .replace('__KEY_HIDDEN__', '' if needs_key else 'hidden'))
