@@ -136,3 +136,54 @@ def test_rules_are_static_values():
   assert beam_search.GNMT(0.6) == beam_search.GNMT(0.6)
   assert hash(hf_beam.Generate(1.0, True)) == hash(hf_beam.Generate(1.0, True))
   assert beam_search.GNMT(0.6) != beam_search.GNMT(1.0)
+
+
+def test_segment_sizes_halve_down_to_an_eighth():
+  assert beam_search.segment_sizes(64) == [64, 32, 16, 8]
+  assert beam_search.segment_sizes(9) == [9, 5, 3]
+  assert beam_search.segment_sizes(3) == [3]
+
+
+@pytest.mark.parametrize('changes', [
+    {}, {'scan_layers': True},
+    {'attention_kind': 'local', 'attention_window': 4}],
+    ids=['full', 'scan', 'local'])
+def test_dropping_finished_sentences_keeps_every_result(changes):
+  """Sentences that are done leave the decoded rows as the batch thins out;
+  every sentence's tokens and score stay those of the search that decodes
+  all rows to the end, under both rule sets."""
+  m, params = build('post', seed=1, **changes)
+  # EOS's output column scaled up: the sentences of this random model then
+  # end at steps far apart, so the batch thins out (under every variant and
+  # both rules) well before max_decode_len.
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: x * np.where(np.arange(x.shape[-1]) == EOS, 3., 1.)
+      if jax.tree_util.keystr(path) == "['logits']['kernel']" else x, params)
+  src = sources(batch=9, vocab=m.config.vocab_size)  # segments 9, 5, 3
+  for rules in (beam_search.GNMT(0.6), hf_beam.Generate(1.0)):
+    full, compact = (beam_search.search(m, params, src, rules, beam_size=4,
+                                        max_decode_len=20, compact=c)
+                     for c in (False, True))
+    np.testing.assert_array_equal(compact[0], full[0])
+    np.testing.assert_allclose(compact[1], full[1], atol=1e-5)
+    if isinstance(rules, beam_search.GNMT):  # its sentences end apart
+      lengths = (np.asarray(full[0]) != PAD).sum(1)
+      assert lengths.min() < lengths.max(), lengths
+
+
+def test_dropping_finished_sentences_on_a_trained_model(trained_workdir,
+                                                        data_dir):
+  """The same on a trained toy model and real test sentences, whose
+  outputs end at many different steps."""
+  from xfmr_jax import data, source_batches
+  from xfmr_jax.workdir import Workdir
+  trained = Workdir(str(trained_workdir)).load()
+  test = data.get_source('toy_translate/small', 'test', str(data_dir))
+  rows = [source_batches.encode_source(trained.tokenizer, test[i][0], i, 64)
+          for i in range(24)]
+  src = source_batches.pad_rows(rows, 64, 24)
+  full, compact = (decode.beam_search(trained.model, trained.params, src,
+                                      beam_size=4, max_decode_len=64,
+                                      compact=c) for c in (False, True))
+  np.testing.assert_array_equal(compact[0], full[0])
+  np.testing.assert_allclose(compact[1], full[1], atol=1e-5)

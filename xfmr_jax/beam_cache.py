@@ -26,7 +26,8 @@ copied from the parent, as a plain beam search does.
 
 This module is the decoding side: the beam search loop
 (:func:`xfmr_jax.beam_search.loop`, under every rule set) builds and reorders
-the cache with :func:`expand` and :func:`reorder`. The reading side, how an attention layer attends over rows
+the cache with :func:`expand` and :func:`reorder`, and keeps only the
+sentences still decoding with :func:`select`. The reading side, how an attention layer attends over rows
 that share a cache row or block, is the model's: :mod:`xfmr_jax.kv_cache`
 (``group_rows``, ``group_beams``).
 """
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import jax
 import jax.numpy as jnp
 
 
@@ -98,3 +100,25 @@ def reorder(model, cache, rows):
   ``cached_beam`` tables, or local/linear attention's whole state."""
   axis = batch_axis(model)
   return _map_moving(cache, lambda _, x: jnp.take(x, rows, axis=axis))
+
+
+def select(model, cache, sentences, g: int):
+  """The beam cache of the sentences ``sentences [n]`` (int32 indices) alone,
+  their beams' rows in the same order: how a search drops the sentences that
+  are done. Leaves held per sentence (cross-attention, a full self-attention
+  block) take ``sentences``; per beam row (a ``cached_beam`` table, local or
+  linear attention's state) take the sentences' ``g`` rows each."""
+  axis = batch_axis(model)
+  rows = (sentences[:, None] * g + jnp.arange(g)).reshape(-1)
+  take = lambda index: lambda x: jnp.take(x, index, axis=axis)
+
+  def walk(name, tree):
+    if not isinstance(tree, Mapping):
+      return take(rows)(tree)
+    if name == 'cross_attention':
+      return jax.tree.map(take(sentences), tree)
+    if 'cached_beam' in tree:
+      return {key: take(sentences if key in ('cached_key', 'cached_value')
+                        else rows)(value) for key, value in tree.items()}
+    return {key: walk(key, value) for key, value in tree.items()}
+  return walk(None, cache)

@@ -7,7 +7,9 @@ cross-attention keys/values) run once per sentence, the cache is laid out for
 rows, asks the rules for the new beams and the parent of each, and has each
 beam's cache follow its parent (:func:`xfmr_jax.beam_cache.reorder`). It
 stops when ``t`` reaches the output length or the rules say every sentence is
-done, and the rules' ``finalize`` gives the result.
+done, and the rules' ``finalize`` gives the result. As sentences finish, the
+loop moves the live ones into a smaller batch (:func:`segment_sizes`), so a
+finished sentence stops costing decoder steps while others go on.
 
 How hypotheses are scored, kept, stopped and chosen is the rules' business, a
 small hashable object (so a static jit argument) with the :class:`Rules`
@@ -52,7 +54,9 @@ class Rules(Protocol):
   ``beams`` is the rules' own pytree of arrays, carried through the loop; it
   must hold ``alive_seqs`` ``[batch, k, length]`` int32, the tokens of the
   ``k`` alive beams of each sentence (the loop feeds the token at ``t - 1``
-  of every beam to the decoder at step ``t``).
+  of every beam to the decoder at step ``t``). Every leaf is ``[batch, ...]``
+  or a scalar: the loop drops the rows of sentences that are done, so a
+  sentence ``done`` reports must keep its result through further updates.
   """
 
   def init(self, batch: int, k: int, length: int) -> Beams:
@@ -79,8 +83,19 @@ class Rules(Protocol):
     """``(tokens [batch, length] int32, scores [batch] float32)``."""
 
 
+def segment_sizes(batch: int) -> list[int]:
+  """How many sentences each stretch of the search decodes: the whole batch,
+  then, once at most half of them are live, half as many, down to an eighth
+  (``[batch]`` alone below 4 sentences). Each size is one more loop body to
+  compile; past an eighth a last straggler costs little enough."""
+  sizes = [batch]
+  while len(sizes) < 4 and sizes[-1] >= 4:
+    sizes.append(-(-sizes[-1] // 2))
+  return sizes
+
+
 def loop(model, params, inputs, rules: Rules, *, beam_size: int,
-         max_decode_len=None):
+         max_decode_len=None, compact: bool = True):
   """Beam search under ``rules``, traceable (jit it, or call it inside a
   jitted function). Arguments as in :func:`search`."""
   variables = steps.as_variables(params)
@@ -91,31 +106,57 @@ def loop(model, params, inputs, rules: Rules, *, beam_size: int,
   # so; the self-attention cache gets one row per beam (see beam_cache).
   cache = beam_cache.expand(model, steps.init_cache(model, variables, inputs,
                                                     length), k)
-  beam_inputs = jnp.repeat(inputs, k, axis=0)
+  beams = rules.init(batch, k, length)
+  final = beams      # every sentence's beams, written back as it leaves
+  where = jnp.arange(batch)  # the sentence each decoded row belongs to
+  t = jnp.zeros((), jnp.int32)
+  # A batch left symbolic (jax.export) has no sizes to halve: one segment.
+  compact = compact and isinstance(batch, int)
+  sizes = segment_sizes(batch) if compact else [batch]
+  for n, smaller in zip(sizes, sizes[1:] + [0]):
+    beam_inputs = jnp.repeat(inputs, k, axis=0)
 
-  def cond(state):
-    t, beams, _ = state
-    return (t < length) & ~jnp.all(rules.done(beams, t, length))
+    def done(beams, t, n=n):
+      return jnp.broadcast_to(rules.done(beams, t, length), (n,))
 
-  def body(state):
-    t, beams, cache = state
-    logits, cache = steps.step(model, variables, cache, beam_inputs,
-                               beams['alive_seqs'].reshape(batch * k, length),
-                               t, length)
-    beams, parent = rules.update(beams, logits, t, length)
-    rows = (jnp.arange(batch)[:, None] * k + parent).reshape(-1)
-    return t + 1, beams, beam_cache.reorder(model, cache, rows)
+    def cond(state, smaller=smaller, done=done):
+      t, beams, _ = state
+      return (t < length) & (jnp.sum(~done(beams, t)) > smaller)
 
-  _, beams, _ = jax.lax.while_loop(
-      cond, body, (0, rules.init(batch, k, length), cache))
-  tokens, scores = rules.finalize(beams, length)
+    def body(state, n=n, beam_inputs=beam_inputs):
+      t, beams, cache = state
+      logits, cache = steps.step(model, variables, cache, beam_inputs,
+                                 beams['alive_seqs'].reshape(n * k, length),
+                                 t, length)
+      beams, parent = rules.update(beams, logits, t, length)
+      rows = (jnp.arange(n)[:, None] * k + parent).reshape(-1)
+      return t + 1, beams, beam_cache.reorder(model, cache, rows)
+
+    t, beams, cache = jax.lax.while_loop(cond, body, (t, beams, cache))
+    final = _write_back(final, beams, where)
+    if smaller:
+      # The live sentences first (then done ones, as filler): a done
+      # sentence's result no longer changes (Rules.done), so dropping it
+      # leaves every other sentence's tokens as they were.
+      keep = jnp.argsort(done(beams, t), stable=True)[:smaller]
+      beams = jax.tree.map(lambda x: x[keep] if x.ndim else x, beams)
+      cache = beam_cache.select(model, cache, keep, k)
+      inputs, where = inputs[keep], where[keep]
+  tokens, scores = rules.finalize(final, length)
   return steps.replicated(tokens), steps.replicated(scores)
 
 
+def _write_back(final, beams, where):
+  """``final`` with the rows of ``beams`` put back at sentences ``where``
+  (scalar leaves, such as a flag for the whole batch, taken as they are)."""
+  return jax.tree.map(lambda f, x: f.at[where].set(x) if x.ndim else x,
+                      final, beams)
+
+
 @functools.partial(jax.jit, static_argnames=(
-    'model', 'rules', 'beam_size', 'max_decode_len'))
+    'model', 'rules', 'beam_size', 'max_decode_len', 'compact'))
 def search(model, params, inputs, rules: Rules, *, beam_size=4,
-           max_decode_len=None):
+           max_decode_len=None, compact=True):
   """Beam search under any rules, one ``jax.jit``.
 
   Args:
@@ -125,13 +166,16 @@ def search(model, params, inputs, rules: Rules, *, beam_size=4,
     rules: static; e.g. :class:`GNMT` or :class:`xfmr_jax.hf_beam.Generate`.
     beam_size: static, the ``k`` beams per sentence.
     max_decode_len: static; default ``s + 50`` capped by ``config.max_len``.
+    compact: static; drop the sentences that are done from the decoded rows
+      as the batch thins out (:func:`segment_sizes`), so a finished sentence
+      stops costing decoder steps. The tokens are the same either way.
 
   Returns:
     what ``rules.finalize`` gives: ``(tokens [batch, max_decode_len] int32,
     scores [batch] float32)``.
   """
   return loop(model, params, inputs, rules, beam_size=beam_size,
-              max_decode_len=max_decode_len)
+              max_decode_len=max_decode_len, compact=compact)
 
 
 # --------------------------------------------------------------- GNMT rules --

@@ -186,14 +186,16 @@ def sample(model, params, inputs, rng, *, temperature=1.0, top_k=0,
 # ------------------------------------------------------------- beam search --
 
 @functools.partial(jax.jit, static_argnames=(
-    'model', 'beam_size', 'alpha', 'max_decode_len'))
+    'model', 'beam_size', 'alpha', 'max_decode_len', 'compact'))
 def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
-                max_decode_len=None):
+                max_decode_len=None, compact=True):
   """Beam search with the GNMT length penalty (paper: beam 4, alpha 0.6):
   :func:`xfmr_jax.beam_search.loop` under :class:`xfmr_jax.beam_search.GNMT`.
 
   Args:
     beam_size, alpha: static; alpha >= 0.
+    compact: static; as in :func:`xfmr_jax.beam_search.search` (the tokens
+      are the same either way).
     Other arguments as in :func:`greedy_decode`.
 
   Returns:
@@ -204,7 +206,8 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
   """
   TRACE_COUNTS['beam_search'] += 1
   return beam_lib.loop(model, params, inputs, beam_lib.GNMT(alpha),
-                       beam_size=beam_size, max_decode_len=max_decode_len)
+                       beam_size=beam_size, max_decode_len=max_decode_len,
+                       compact=compact)
 
 
 # ------------------------------------------------------ scoring and maps --

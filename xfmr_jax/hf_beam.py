@@ -165,9 +165,9 @@ class Generate:
 
 
 @functools.partial(jax.jit, static_argnames=(
-    'model', 'beam_size', 'alpha', 'max_decode_len', 'force_eos'))
+    'model', 'beam_size', 'alpha', 'max_decode_len', 'force_eos', 'compact'))
 def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
-                max_decode_len=None, force_eos=True):
+                max_decode_len=None, force_eos=True, compact=True):
   """``generate(num_beams=beam_size, length_penalty=alpha)`` in JAX:
   :func:`xfmr_jax.beam_search.loop` under :class:`Generate`.
 
@@ -177,6 +177,7 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
     beam_size, alpha: static; ``alpha`` is ``generate``'s ``length_penalty``.
     max_decode_len: static; default ``s + 50`` capped by ``config.max_len``.
     force_eos: static; force EOS at the last position (``forced_eos_token_id``).
+    compact: static; as in :func:`xfmr_jax.beam_search.search`.
 
   Returns:
     ``(tokens [batch, max_decode_len] int32, scores [batch] float32)``: the
@@ -184,4 +185,5 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
   """
   decode.TRACE_COUNTS['hf_beam_search'] += 1
   return beam_lib.loop(model, params, inputs, Generate(alpha, force_eos),
-                       beam_size=beam_size, max_decode_len=max_decode_len)
+                       beam_size=beam_size, max_decode_len=max_decode_len,
+                       compact=compact)
