@@ -195,36 +195,48 @@ def test_pytorch_bin_weights_give_the_same_parameters(hf, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
-def test_benchmark_quick_runs_both_sides(tmp_path):
-  from experiments.benchmark import marian as bench
-  res = bench.main(['--quick', '--json', str(tmp_path / 'b.json')])
-  assert res['ours']['tokens'] > 0 and res['hf']['tokens'] > 0
-  assert res['speedup'] > 0 and (tmp_path / 'b.json').exists()
+def test_engines_benchmark_quick_runs_every_engine(tmp_path):
+  """The engines benchmark on a tiny model: every engine translates every
+  sentence, and each reports speed, model bytes and peak memory."""
+  pytest.importorskip('ctranslate2', reason='pip install -c constraints.txt '
+                      '-e ".[marian-test]"')
+  from experiments.benchmark import engines
+  res = engines.main(['--quick', '--json', str(tmp_path / 'b.json')])
+  assert set(res['engines']) == set(engines.ENGINES)
+  for name, e in res['engines'].items():
+    assert len(e['tokens_per_sec']) == (1 if name == 'transformers' else 2)
+    assert min(e['tokens_per_sec']) > 0 and e['model_bytes'] > 0, name
+    # A loaded engine holds at least its model.
+    assert e['peak_rss_bytes'] > e['model_bytes'], name
+    assert 0 <= e['agreement_with_xfmr_jax'] <= 1
+  # The same float32 model under the same rules: the same tokens.
+  assert res['engines']['transformers']['agreement_with_xfmr_jax'] == 1.0
+  assert json.loads((tmp_path / 'b.json').read_text())['size'] == 'opus_mt'
 
 
 @pytest.mark.parametrize('user_policy', [None, 'ACTIVE'])
 def test_benchmark_gives_transformers_the_users_openmp_policy(user_policy):
-  """The package sets PASSIVE for its shared train rounds; the Marian
+  """The package sets PASSIVE for its shared train rounds; the engines
   benchmark puts the user's setting back before torch (and OpenMP) load,
   and says which policy transformers ran under."""
   env = {k: v for k, v in os.environ.items() if k != 'OMP_WAIT_POLICY'}
   if user_policy:
     env['OMP_WAIT_POLICY'] = user_policy
   code = ('import os, sys\n'
-          'from experiments.benchmark import marian\n'
+          'from experiments.benchmark import engines\n'
           'assert os.environ["OMP_WAIT_POLICY"] == '
           f'{user_policy or "PASSIVE"!r}\n'
-          'print(marian._user_omp_policy())\n'
+          'print(engines.user_omp_policy())\n'
           'print(os.environ.get("OMP_WAIT_POLICY"))\n'
           'import torch\n'
-          'print(marian._user_omp_policy())\n')
+          'print(engines.user_omp_policy())\n')
   out = subprocess.run([sys.executable, '-c', code], env=env, text=True,
                        capture_output=True, check=True,
                        cwd=os.path.dirname(os.path.dirname(__file__)))
   said, in_env, after_import = out.stdout.splitlines()[-3:]
   assert said == (user_policy or "OpenMP's default")
   assert in_env == str(user_policy)
-  assert after_import.startswith('as set when torch was first imported')
+  assert after_import.startswith('as set when OpenMP was first loaded')
 
 
 # ------------------------------------------------------------ bad input --

@@ -62,9 +62,9 @@ machine description, timing and FLOP counting), ``load`` (foreign CPU load),
 ``gpu_check`` and ``report`` (tables and JSON). Three benchmarks
 have commands of their own: ``python -m experiments.benchmark.data_pipeline``
 (the input pipeline, docs/data.md), ``python -m experiments.benchmark.serving``
-(the HTTP service, docs/serving.md) and ``python -m experiments.benchmark.marian``
-(an imported opus-mt-sized Marian model's beam search against
-``transformers``' ``generate``).
+(the HTTP service, docs/serving.md) and ``python -m experiments.benchmark.engines``
+(translation engines on one opus-mt-shaped model: this library, CTranslate2
+float32 and int8, ``transformers``' ``generate``).
 """
 import os
 
