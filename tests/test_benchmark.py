@@ -302,3 +302,23 @@ def test_flax_wmt_beam_search_is_greedy_at_one_beam_and_scores_its_pick(
       assert float(score) == pytest.approx(want, abs=1e-4)
       assert not row[n:].any()   # 0 after EOS
   assert finished > 0 and 1 < min(lengths) < length
+
+
+def test_int8_products_approximate_the_float32_one():
+  """The int8 probe times products that compute the float32 one up to the
+  rounding of symmetric int8 (a float64 reference)."""
+  from experiments.benchmark import int8_matmul as probe
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal((8, 64)).astype(np.float32)
+  w = (rng.standard_normal((64, 96)) / 8).astype(np.float32)
+  q, scale = probe._quantize(jnp.asarray(w), 0)
+  assert q.dtype == jnp.int8 and int(jnp.max(jnp.abs(q))) == 127
+  want = x.astype(np.float64) @ w.astype(np.float64)
+  for fn, tol in ((probe.float32, 1e-4), (probe.int8_weights, 0.03),
+                  (probe.int8_both, 0.05)):
+    got = np.asarray(fn(jnp.asarray(x), jnp.asarray(w), q, scale))
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < tol, (fn, err)
+  # Rounding does cost something: the int8 paths are not exact.
+  assert np.abs(np.asarray(probe.int8_both(jnp.asarray(x), jnp.asarray(w),
+                                           q, scale)) - want).max() > 1e-4
