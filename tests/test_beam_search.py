@@ -138,10 +138,11 @@ def test_rules_are_static_values():
   assert beam_search.GNMT(0.6) != beam_search.GNMT(1.0)
 
 
-def test_segment_sizes_halve_down_to_an_eighth():
+def test_segment_sizes_halve_down_to_an_eighth_and_8_sentences():
   assert beam_search.segment_sizes(64) == [64, 32, 16, 8]
-  assert beam_search.segment_sizes(9) == [9, 5, 3]
-  assert beam_search.segment_sizes(3) == [3]
+  assert beam_search.segment_sizes(256) == [256, 128, 64, 32]
+  assert beam_search.segment_sizes(17) == [17, 9]
+  assert beam_search.segment_sizes(15) == [15]
 
 
 @pytest.mark.parametrize('changes', [
@@ -159,7 +160,7 @@ def test_dropping_finished_sentences_keeps_every_result(changes):
   params = jax.tree_util.tree_map_with_path(
       lambda path, x: x * np.where(np.arange(x.shape[-1]) == EOS, 3., 1.)
       if jax.tree_util.keystr(path) == "['logits']['kernel']" else x, params)
-  src = sources(batch=9, vocab=m.config.vocab_size)  # segments 9, 5, 3
+  src = sources(batch=17, vocab=m.config.vocab_size)  # segments 17, 9
   for rules in (beam_search.GNMT(0.6), hf_beam.Generate(1.0)):
     full, compact = (beam_search.search(m, params, src, rules, beam_size=4,
                                         max_decode_len=20, compact=c)

@@ -86,10 +86,12 @@ class Rules(Protocol):
 def segment_sizes(batch: int) -> list[int]:
   """How many sentences each stretch of the search decodes: the whole batch,
   then, once at most half of them are live, half as many, down to an eighth
-  (``[batch]`` alone below 4 sentences). Each size is one more loop body to
-  compile; past an eighth a last straggler costs little enough."""
+  and to no fewer than 8 (``[batch]`` alone below 16 sentences). Each size is
+  one more loop body to compile; past an eighth, or below 8 sentences, where
+  a step costs about the same whatever its rows, the stragglers cost little
+  enough."""
   sizes = [batch]
-  while len(sizes) < 4 and sizes[-1] >= 4:
+  while len(sizes) < 4 and sizes[-1] >= 16:
     sizes.append(-(-sizes[-1] // 2))
   return sizes
 
