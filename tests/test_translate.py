@@ -3,9 +3,11 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from xfmr_jax import checkpoint, data, decode, source_batches
+from xfmr_jax.token_ids import EOS
 from xfmr_jax.translate import BUCKETS, Translator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -69,6 +71,47 @@ def test_row_counts_stop_at_a_batch_size_that_is_no_power_of_two():
     padded = source_batches.pad_rows([[5, 7, 1]] * n, 4, 6)
     assert padded.shape == (rows, 4)
     assert (padded[:n] == [5, 7, 1, 0]).all() and (padded[n:] == 0).all()
+
+
+def test_scores_equal_a_float64_teacher_forced_computation(translator,
+                                                          data_dir):
+  """One forward pass per call gives each target token's log-probability:
+  the float64 log-softmax of the cached step decoder's logits (another path
+  through the model, at the sentence's own unpadded width), whatever the
+  batch; an empty target scores EOS alone."""
+  test = data.get_source('toy_translate/small', 'test', str(data_dir))
+  sources = [test[i][0] for i in range(10)]
+  targets = [test[i][1] for i in range(10)]
+  targets[2] = ''
+  targets[5] = translator([sources[5]])[0] + ' extra'
+  got = translator.score(sources, targets)
+  tok = translator.tokenizer
+  for i, (s, t) in enumerate(zip(sources, targets)):
+    src = np.array([tok.encode(s) + [EOS]], np.int32)
+    tgt = np.array([tok.encode(t) + [EOS]], np.int32)
+    logits = np.asarray(decode.cached_logits(
+        translator.model, translator.params, src, tgt), np.float64)[0]
+    logits -= logits.max(-1, keepdims=True)
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    want = log_p[np.arange(tgt.shape[1]), tgt[0]]
+    assert got[i].shape == want.shape, i
+    np.testing.assert_allclose(got[i], want, atol=1e-4)
+  assert got[2].shape == (1,)
+  # A reference translation is likelier than the same with a word appended.
+  assert got[5][:-2].sum() > got[5].sum()
+  alone = [translator.score([s], [t])[0] for s, t in zip(sources[:3],
+                                                         targets[:3])]
+  for a, b in zip(alone, got):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_score_rejects_bad_pairs_with_one_clear_error(translator):
+  with pytest.raises(ValueError, match='2 sources but 1 targets'):
+    translator.score(['drag', 'vol'], ['x'])
+  with pytest.raises(ValueError, match='source 1 is empty'):
+    translator.score(['drag', '  '], ['x', 'y'])
+  with pytest.raises(ValueError, match=r'target 0 has \d+ tokens, more than'):
+    translator.score(['drag'], [' '.join(['drag'] * 400)])
 
 
 def test_long_input_is_truncated_with_a_warning_or_rejected(workdir, capsys):

@@ -213,6 +213,24 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
 # ------------------------------------------------------ scoring and maps --
 
 @functools.partial(jax.jit, static_argnames=('model',))
+def token_log_probs(model, params, inputs, targets):
+  """Teacher-forced log-probabilities of given targets, one forward pass.
+
+  Args:
+    inputs: ``[batch, s]``; targets: ``[batch, t]`` (EOS-terminated, 0-padded).
+
+  Returns:
+    float32 ``[batch, t]``: ``log p(targets[b, i] | inputs[b], targets[b, :i])``,
+    0 at padding (sum a row for the sentence's log-probability).
+  """
+  TRACE_COUNTS['token_log_probs'] += 1
+  logits = model.apply(steps.as_variables(params), inputs, targets)
+  log_p = jax.nn.log_softmax(logits.astype(jnp.float32))
+  picked = jnp.take_along_axis(log_p, targets[..., None], axis=-1)[..., 0]
+  return jnp.where(targets != PAD, picked, 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
 def cached_logits(model, params, inputs, targets):
   """Teacher forcing through the cached step decoder, one position per step.
 

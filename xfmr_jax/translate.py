@@ -19,6 +19,7 @@ import numpy as np
 from xfmr_jax import decode, hf_beam, source_batches
 from xfmr_jax.model import SequenceModel
 from xfmr_jax.source_batches import BUCKETS, InputTooLong
+from xfmr_jax.token_ids import EOS
 from xfmr_jax.tokenizer import Tokenizer
 from xfmr_jax.workdir import Workdir
 
@@ -135,3 +136,50 @@ class Translator:
       return [self.tokenizer.decode(outputs[r]) for r in range(len(rows))]
     return source_batches.translate_in_order(encoded, self.batch_size,
                                              self.max_input, translate_chunk)
+
+  def score(self, sources: Sequence[str],
+            targets: Sequence[str]) -> list[np.ndarray]:
+    """Each target's token log-probabilities under the model, given its source.
+
+    Teacher forcing (:func:`xfmr_jax.decode.token_log_probs`), batched and
+    bucketed as translation is (by source length; the targets of a call padded
+    to one bucket). Returns, in order, a float32 array per pair: one entry per
+    target token and a last one for EOS; its sum is the log-probability of the
+    target. An empty target scores EOS alone.
+
+    Raises:
+      ValueError: ``sources`` and ``targets`` of different lengths, an empty
+        source, or a target longer than the model's ``max_len`` (nothing is
+        scored then).
+    """
+    if len(sources) != len(targets):
+      raise ValueError(f'{len(sources)} sources but {len(targets)} targets')
+    if self.model.config.model_kind != 'encoder_decoder':
+      raise ValueError('score needs an encoder-decoder model, got '
+                       f'{self.model.config.model_kind!r}')
+    encoded = [source_batches.encode_source(self.tokenizer, t, i,
+                                            self.max_input, self.too_long)
+               for i, t in enumerate(sources)]
+    empty = [i for i, ids in enumerate(encoded) if ids is None]
+    if empty:
+      raise ValueError(f'source {empty[0]} is empty; there is nothing to '
+                       'score its target against')
+    limit = self.model.config.max_len
+    wanted = [self.tokenizer.encode(t) + [EOS] for t in targets]
+    for i, ids in enumerate(wanted):
+      if len(ids) > limit:
+        raise ValueError(f'target {i} has {len(ids)} tokens, more than the '
+                         f'model maximum {limit}')
+    out = [None] * len(sources)
+    for chunk, width in source_batches.plan(encoded, self.batch_size,
+                                            self.max_input):
+      rows = [wanted[i] for i in chunk]
+      inputs = source_batches.pad_rows([encoded[i] for i in chunk], width,
+                                       self.batch_size)
+      target_width = self.bucket(max(map(len, rows)), limit)
+      log_p = np.asarray(decode.token_log_probs(
+          self.model, self.params, inputs,
+          source_batches.pad_rows(rows, target_width, self.batch_size)))
+      for r, i in enumerate(chunk):
+        out[i] = log_p[r, :len(rows[r])]
+    return out
