@@ -10,14 +10,16 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # in several files), and XLA's compile is most of the suite's time. pytest-xdist
 # workers and the tests' subprocesses inherit the folder through the
 # environment; the process that made it removes it at the end (see
-# ``pytest_unconfigure``). A size limit turns on JAX's file lock, which the
-# concurrent writers need. Set JAX_COMPILATION_CACHE_DIR to use a folder of
-# your own instead (kept between runs).
+# ``pytest_unconfigure``). No size limit: with one, JAX locks the folder and
+# reads every entry's access time on each write, which grows with the run.
+# Without the lock two writers of one key write the same bytes, and a reader
+# that catches an entry half written gets JAX's warning and compiles. Set
+# JAX_COMPILATION_CACHE_DIR to use a folder of your own instead (kept between
+# runs).
 _OWN_CACHE = None
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   _OWN_CACHE = tempfile.mkdtemp(prefix='xfmr_jax_tests_xla_cache_')
   os.environ['JAX_COMPILATION_CACHE_DIR'] = _OWN_CACHE
-  os.environ.setdefault('JAX_COMPILATION_CACHE_MAX_SIZE', str(16 << 30))
 
 import filelock  # noqa: E402
 import jax  # noqa: E402

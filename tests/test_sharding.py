@@ -48,9 +48,11 @@ def outcomes(request, tmp_path_factory):
   report = tmp_path_factory.mktemp('sharding') / 'report.xml'
   env = {k: v for k, v in os.environ.items() if not k.startswith('XLA_')}
   env.update(JAX_NUM_CPU_DEVICES='8', JAX_PLATFORMS='cpu')
+  # One process (-n 0): the checks share module fixtures, and pytest-xdist's
+  # workers would only add their start-up.
   run = subprocess.run(
       [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-m',
-       '', f'--junitxml={report}'] +
+       '', '-n', '0', f'--junitxml={report}'] +
       [f'tests/sharding_checks.py::{check}' for check in selected],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert report.exists(), run.stdout[-5000:] + run.stderr[-5000:]
