@@ -6,6 +6,12 @@ Output has the same number of lines in the same order; an empty line gives an
 empty line. Invalid UTF-8 bytes are replaced, never fatal. Lines longer than the
 model's maximum are truncated with a warning on stderr (``--too_long=error``
 rejects them instead).
+
+``--nbest=K`` prints the K best translations of each line instead, best first,
+one per output line in the Moses n-best format
+``LINE ||| TRANSLATION ||| SCORE ||| LOG_PROB``: ``LINE`` counts input lines
+from 0, ``SCORE`` is what the beam search ranks by (log p normalised for
+length), ``LOG_PROB`` the plain log-probability. An empty line prints none.
 """
 from __future__ import annotations
 
@@ -34,6 +40,8 @@ _TOP_P = flags.DEFINE_float('top_p', 1.0, 'Nucleus sampling mass.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
 _BATCH = flags.DEFINE_integer('batch_size', 64,
                               'The most sentences per decoder call.')
+_NBEST = flags.DEFINE_integer('nbest', 0, 'Print the K best translations of '
+                              'each line (K <= beam_size; 0: the best alone).')
 _TOO_LONG = flags.DEFINE_enum('too_long', 'truncate', ['truncate', 'error'],
                               'What to do with over-long lines.')
 
@@ -52,13 +60,20 @@ def check_flags() -> None:
   for name, value, low in (('beam_size', _BEAM.value, 1),
                            ('batch_size', _BATCH.value, 1),
                            ('max_decode_extra', _EXTRA.value, 0),
-                           ('top_k', _TOP_K.value, 0)):
+                           ('top_k', _TOP_K.value, 0),
+                           ('nbest', _NBEST.value, 0)):
     if value < low:
       entry.fail(f'--{name} must be at least {low}, got {value}')
   if (_ALPHA.value is not None and _ALPHA.value < 0) or _TEMPERATURE.value < 0:
     entry.fail('--alpha and --temperature must be >= 0')
   if not 0 < _TOP_P.value <= 1:
     entry.fail(f'--top_p must be in (0, 1], got {_TOP_P.value}')
+  if _NBEST.value > _BEAM.value:
+    entry.fail(f'--nbest {_NBEST.value} is more than --beam_size '
+               f'{_BEAM.value}: the search keeps beam_size hypotheses')
+  if _NBEST.value and _TEMPERATURE.value > 0:
+    entry.fail('--nbest needs beam search; it cannot be used with '
+               '--temperature > 0')
   if not os.path.isdir(_WORKDIR.value):
     entry.fail(f'--workdir {_WORKDIR.value!r} is not a directory')
 
@@ -77,8 +92,18 @@ def main(argv):
       max_decode_extra=_EXTRA.value, batch_size=_BATCH.value,
       too_long=_TOO_LONG.value, temperature=_TEMPERATURE.value,
       top_k=_TOP_K.value, top_p=_TOP_P.value, seed=_SEED.value)
-  outputs = translator(read_lines(sys.stdin.buffer))
-  sys.stdout.write(''.join(line + '\n' for line in outputs))
+  lines = read_lines(sys.stdin.buffer)
+  if _NBEST.value:
+    sys.stdout.write(''.join(nbest_lines(translator.nbest(lines,
+                                                          _NBEST.value))))
+  else:
+    sys.stdout.write(''.join(line + '\n' for line in translator(lines)))
+
+
+def nbest_lines(nbest) -> list[str]:
+  """Moses n-best lines for :meth:`Translator.nbest`'s lists."""
+  return [f'{i} ||| {h.text} ||| {h.score:.6f} ||| {h.log_prob:.6f}\n'
+          for i, hyps in enumerate(nbest) for h in hyps]
 
 
 if __name__ == '__main__':

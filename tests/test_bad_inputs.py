@@ -118,6 +118,8 @@ def test_resuming_with_another_model_names_the_fields(data_dir, tmp_path):
     (['--beam_size=0'], '--beam_size must be at least 1'),
     (['--max_decode_extra=-100'], '--max_decode_extra must be at least 0'),
     (['--top_p=0'], '--top_p must be in (0, 1]'),
+    (['--nbest=5'], '--nbest 5 is more than --beam_size 4'),
+    (['--nbest=2', '--temperature=0.5'], '--nbest needs beam search'),
     (['--workdir=/nonexistent/run'], 'is not a directory'),
 ])
 def test_translate_rejects_bad_flags(trained_workdir, flags, expected):

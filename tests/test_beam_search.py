@@ -61,23 +61,36 @@ def test_gnmt_rules_with_one_beam_are_greedy():
 def test_gnmt_rules_with_a_beam_over_every_hypothesis_are_exhaustive():
   """With k as large as the 4 ** 2 * 5 extensions of the last step, no
   hypothesis is ever dropped: the result is the best of all EOS-terminated
-  sequences under log p / length_penalty(len), each scored in float64."""
+  sequences under log p / length_penalty(len), each scored in float64, and
+  the n-best list is their n best, with their plain log p."""
   m, params, src = tiny()
-  length, alpha = 3, 2.0
+  length, alpha, n = 3, 2.0, 6
   k = len(CONTENT) ** (length - 1) * (VOCAB - 1)
-  tokens, scores = beam_search.search(m, params, src, beam_search.GNMT(alpha),
-                                      beam_size=k, max_decode_len=length)
+  rules = beam_search.GNMT(alpha)
+  tokens, scores = beam_search.search(m, params, src, rules, beam_size=k,
+                                      max_decode_len=length)
+  nbest, nbest_scores, log_probs = beam_search.search(
+      m, params, src, rules, beam_size=k, max_decode_len=length,
+      num_hypotheses=n)
   lengths = []
   for row in range(len(src)):
     logp = prefix_log_softmax(m, params, src[row], length, renormalise=True)
-    exact = {p + (EOS,): (sum(logp[p[:i]][tok] for i, tok in enumerate(p)) +
-                          logp[p][EOS]) /
-             beam_search.length_penalty(len(p) + 1, alpha) for p in logp}
-    best = max(exact, key=exact.get)
+    raw = {p + (EOS,): sum(logp[p[:i]][tok] for i, tok in enumerate(p)) +
+           logp[p][EOS] for p in logp}
+    exact = {seq: lp / beam_search.length_penalty(len(seq), alpha)
+             for seq, lp in raw.items()}
+    ranked = sorted(exact, key=exact.get, reverse=True)
+    best = ranked[0]
     np.testing.assert_array_equal(tokens[row], padded(best, length))
     np.testing.assert_allclose(scores[row], exact[best], atol=1e-5)
     lengths.append(len(best))
+    for j, seq in enumerate(ranked[:n]):
+      np.testing.assert_array_equal(nbest[row, j], padded(seq, length))
+      np.testing.assert_allclose(nbest_scores[row, j], exact[seq], atol=1e-5)
+      np.testing.assert_allclose(log_probs[row, j], raw[seq], atol=1e-5)
   assert max(lengths) > 2, lengths  # not just the shortest outputs
+  with pytest.raises(ValueError, match='between 1 and the beam size'):
+    beam_search.search(m, params, src, rules, beam_size=2, num_hypotheses=3)
 
 
 def generate_reference(logp, length, k, alpha, force_eos):
@@ -101,15 +114,16 @@ def generate_reference(logp, length, k, alpha, force_eos):
       seq = alive[b][0] + (tok,)
       if tok == EOS or t + 1 == length:
         if rank < k:
-          finished.append((total / (t + 1) ** alpha, seq))
+          finished.append((total / (t + 1) ** alpha, seq, total))
       elif len(next_alive) < k:
         next_alive.append((seq, total))
     alive = next_alive
-    best_k = sorted((s for s, _ in finished), reverse=True)[:k]
+    best_k = sorted((f[0] for f in finished), reverse=True)[:k]
     if not alive or (len(best_k) == k and
                      best_k[-1] >= alive[0][1] / (t + 1) ** alpha):
       break
-  return max(finished, key=lambda f: f[0])  # the first of equal scores
+  # Best first; of equal scores, the first found.
+  return sorted(finished, key=lambda f: -f[0])
 
 
 @pytest.mark.parametrize('force_eos', [True, False])
@@ -122,11 +136,19 @@ def test_generate_rules_follow_a_float64_reference(force_eos):
   rules = hf_beam.Generate(alpha, force_eos)
   tokens, scores = beam_search.search(m, params, src, rules, beam_size=k,
                                       max_decode_len=length)
+  nbest, nbest_scores, log_probs = beam_search.search(
+      m, params, src, rules, beam_size=k, max_decode_len=length,
+      num_hypotheses=k)
   for row in range(len(src)):
     logp = prefix_log_softmax(m, params, src[row], length, renormalise=False)
-    score, seq = generate_reference(logp, length, k, alpha, force_eos)
+    finished = generate_reference(logp, length, k, alpha, force_eos)
+    score, seq, _ = finished[0]
     np.testing.assert_array_equal(tokens[row], padded(seq, length))
     np.testing.assert_allclose(scores[row], score, atol=1e-5)
+    for j, (score, seq, total) in enumerate(finished[:k]):
+      np.testing.assert_array_equal(nbest[row, j], padded(seq, length))
+      np.testing.assert_allclose(nbest_scores[row, j], score, atol=1e-5)
+      np.testing.assert_allclose(log_probs[row, j], total, atol=1e-5)
   assert len({tuple(row) for row in np.asarray(tokens)}) == 2  # not alike
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from xfmr_jax import checkpoint, data, decode, source_batches
-from xfmr_jax.token_ids import EOS
+from xfmr_jax.token_ids import EOS, PAD
 from xfmr_jax.translate import BUCKETS, Translator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -21,6 +21,11 @@ def workdir(trained_workdir):
 @pytest.fixture(scope='module')
 def translator(workdir):
   return Translator.from_workdir(str(workdir), batch_size=8)
+
+
+@pytest.fixture(scope='module')
+def beam_translator(workdir):
+  return Translator.from_workdir(str(workdir), batch_size=8, beam_size=4)
 
 
 @pytest.mark.slow
@@ -105,6 +110,43 @@ def test_scores_equal_a_float64_teacher_forced_computation(translator,
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+def test_nbest_lists_rank_hypotheses_the_model_scores_alike(
+    beam_translator, data_dir):
+  """The n-best list's first entry is the translation; the entries are
+  distinct, ranked by score, and each log_prob is what teacher forcing gives
+  its text in float64 through the cached step decoder; an empty line gets
+  an empty list."""
+  test = data.get_source('toy_translate/small', 'test', str(data_dir))
+  sources = [test[i][0] for i in range(6)] + ['']
+  nbest = beam_translator.nbest(sources, 3)
+  assert nbest[-1] == []
+  best = beam_translator(sources[:-1])
+  for i, hyps in enumerate(nbest[:-1]):
+    assert len(hyps) == 3 and hyps[0].text == best[i]
+    assert len({h.text for h in hyps}) == 3
+    assert [h.score for h in hyps] == sorted((h.score for h in hyps),
+                                             reverse=True)
+    tok = beam_translator.tokenizer
+    src = np.array([tok.encode(sources[i]) + [EOS]], np.int32)
+    for h in hyps:
+      tgt = np.array([tok.encode(h.text) + [EOS]], np.int32)
+      logits = np.asarray(decode.cached_logits(
+          beam_translator.model, beam_translator.params, src, tgt),
+          np.float64)[0]
+      logits[:, PAD] = -np.inf  # GNMT's search never emits the pad id
+      logits -= logits.max(-1, keepdims=True)
+      log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+      want = log_p[np.arange(tgt.shape[1]), tgt[0]].sum()
+      assert h.log_prob == pytest.approx(want, abs=1e-4)
+      assert h.log_prob <= h.score < 0  # the penalty divides by >= 1
+  with pytest.raises(ValueError, match='between 1 and the beam size 4'):
+    beam_translator.nbest(sources, 5)
+  sampler = Translator(beam_translator.model, beam_translator.params,
+                       beam_translator.tokenizer, beam_size=4, temperature=1.0)
+  with pytest.raises(ValueError, match='n-best lists come from beam search'):
+    sampler.nbest(sources, 2)
+
+
 def test_score_rejects_bad_pairs_with_one_clear_error(translator):
   with pytest.raises(ValueError, match='2 sources but 1 targets'):
     translator.score(['drag', 'vol'], ['x'])
@@ -144,15 +186,25 @@ def test_cli_round_trip_with_bad_lines(workdir, translator, data_dir):
   assert b'truncated' in result.stderr
 
 
-def test_cli_beam_search_and_sampling_flags(workdir, data_dir):
+def test_cli_nbest_and_sampling_flags(workdir, data_dir, beam_translator):
   test = data.get_source('toy_translate/small', 'test', str(data_dir))
-  stdin = (test[0][0] + '\n' + test[1][0] + '\n').encode()
-  beam = run_cli(stdin, f'--workdir={workdir}', '--beam_size=4', '--alpha=0.6')
+  sources = [test[0][0], '', test[1][0]]
+  stdin = ('\n'.join(sources) + '\n').encode()
+  beam = run_cli(stdin, f'--workdir={workdir}', '--beam_size=4', '--alpha=0.6',
+                 '--nbest=2')
   sampled = run_cli(stdin, f'--workdir={workdir}', '--temperature=0.7',
                     '--top_k=5', '--seed=3')
   for r in (beam, sampled):
     assert r.returncode == 0, r.stderr.decode()
-    assert len(r.stdout.decode().splitlines()) == 2
+  assert len(sampled.stdout.decode().splitlines()) == 3
+  # LINE ||| TRANSLATION ||| SCORE ||| LOG_PROB, two per non-empty line.
+  rows = [line.split(' ||| ') for line in beam.stdout.decode().splitlines()]
+  want = beam_translator.nbest(sources, 2)
+  assert [r[0] for r in rows] == ['0', '0', '2', '2']
+  for r, h in zip(rows, want[0] + want[2]):
+    assert r[1] == h.text
+    assert float(r[2]) == pytest.approx(h.score, abs=1e-5)
+    assert float(r[3]) == pytest.approx(h.log_prob, abs=1e-5)
 
 
 def test_missing_or_damaged_workdir_gives_a_clear_error(tmp_path, workdir):

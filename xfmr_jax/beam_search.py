@@ -20,14 +20,15 @@ methods:
 * :class:`xfmr_jax.hf_beam.Generate`: Hugging Face ``generate``'s
   (:func:`xfmr_jax.hf_beam.beam_search`).
 
-Decoding features fit the same loop: a logits processor (no repeated
-n-grams, a repetition penalty, constrained decoding) acts on the logits in
-the rules' ``update``, which sees every beam's tokens in
-``beams['alive_seqs']``; an n-best list is a ``finalize`` that returns the
-``k`` finished hypotheses both rule sets keep, best first; a target prefix
-is an ``update`` that forces the prefix's token at ``t`` (per-sentence
-arrays such as prefixes would be passed to :func:`loop` and kept in the
-beams by ``init``, as the rules themselves are static).
+An n-best list is the rules' ``finalize`` asked for ``n`` hypotheses:
+both rule sets keep the ``k`` best finished ones, best first
+(``num_hypotheses``). Further decoding features fit the same loop: a logits
+processor (no repeated n-grams, a repetition penalty, constrained decoding)
+acts on the logits in the rules' ``update``, which sees every beam's tokens in
+``beams['alive_seqs']``; a target prefix is an ``update`` that forces the
+prefix's token at ``t`` (per-sentence arrays such as prefixes would be passed
+to :func:`loop` and kept in the beams by ``init``, as the rules themselves are
+static).
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ import jax.numpy as jnp
 from xfmr_jax import beam_cache
 from xfmr_jax import decode_steps as steps
 from xfmr_jax import top_k as topk
-from xfmr_jax.token_ids import EOS
+from xfmr_jax.token_ids import EOS, PAD
 
 NEG_INF = -1.0e7  # finite "impossible" score: keeps beam arithmetic NaN-free
 
@@ -79,8 +80,12 @@ class Rules(Protocol):
     """Bool ``[batch]`` (or a scalar): which sentences need no more steps.
     Called before each step, ``t`` being the next step's position."""
 
-  def finalize(self, beams: Beams, length: int) -> tuple[jax.Array, jax.Array]:
-    """``(tokens [batch, length] int32, scores [batch] float32)``."""
+  def finalize(self, beams: Beams, length: int,
+               n: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The ``n`` best hypotheses of each sentence, best first: ``(tokens
+    [batch, n, length] int32, scores [batch, n] float32, log_probs [batch, n]
+    float32)``, the score the rules rank by and the hypothesis' plain
+    ``log p``; a slot with no hypothesis scores ``<= NEG_INF / 2``."""
 
 
 def segment_sizes(batch: int) -> list[int]:
@@ -97,7 +102,7 @@ def segment_sizes(batch: int) -> list[int]:
 
 
 def loop(model, params, inputs, rules: Rules, *, beam_size: int,
-         max_decode_len=None, compact: bool = True):
+         max_decode_len=None, compact: bool = True, num_hypotheses=None):
   """Beam search under ``rules``, traceable (jit it, or call it inside a
   jitted function). Arguments as in :func:`search`."""
   variables = steps.as_variables(params)
@@ -144,8 +149,20 @@ def loop(model, params, inputs, rules: Rules, *, beam_size: int,
       beams = jax.tree.map(lambda x: x[keep] if x.ndim else x, beams)
       cache = beam_cache.select(model, cache, keep, k)
       inputs, where = inputs[keep], where[keep]
-  tokens, scores = rules.finalize(final, length)
-  return steps.replicated(tokens), steps.replicated(scores)
+  if num_hypotheses is not None and not 1 <= num_hypotheses <= k:
+    raise ValueError(f'num_hypotheses must be between 1 and the beam size '
+                     f'{k}, got {num_hypotheses}')
+  tokens, scores, log_probs = map(steps.replicated, rules.finalize(
+      final, length, num_hypotheses or 1))
+  if num_hypotheses is None:
+    return tokens[:, 0], scores[:, 0]
+  return tokens, scores, log_probs
+
+
+def output_lengths(tokens: jax.Array) -> jax.Array:
+  """``[..., length]`` decoded ids -> ``[...]`` int32: the tokens emitted,
+  the EOS included (the pad id is never emitted, and fills the rest)."""
+  return jnp.sum(tokens != PAD, axis=-1)
 
 
 def _write_back(final, beams, where):
@@ -156,9 +173,10 @@ def _write_back(final, beams, where):
 
 
 @functools.partial(jax.jit, static_argnames=(
-    'model', 'rules', 'beam_size', 'max_decode_len', 'compact'))
+    'model', 'rules', 'beam_size', 'max_decode_len', 'compact',
+    'num_hypotheses'))
 def search(model, params, inputs, rules: Rules, *, beam_size=4,
-           max_decode_len=None, compact=True):
+           max_decode_len=None, compact=True, num_hypotheses=None):
   """Beam search under any rules, one ``jax.jit``.
 
   Args:
@@ -171,13 +189,18 @@ def search(model, params, inputs, rules: Rules, *, beam_size=4,
     compact: static; drop the sentences that are done from the decoded rows
       as the batch thins out (:func:`segment_sizes`), so a finished sentence
       stops costing decoder steps. The tokens are the same either way.
+    num_hypotheses: static; None for the best hypothesis alone, or ``n``
+      (``1 <= n <= beam_size``) for the n best.
 
   Returns:
-    what ``rules.finalize`` gives: ``(tokens [batch, max_decode_len] int32,
-    scores [batch] float32)``.
+    the best hypothesis, ``(tokens [batch, max_decode_len] int32, scores
+    [batch] float32)``; with ``num_hypotheses=n``, the n best as
+    ``rules.finalize`` gives them: ``(tokens [batch, n, max_decode_len],
+    scores [batch, n], log_probs [batch, n])``.
   """
   return loop(model, params, inputs, rules, beam_size=beam_size,
-              max_decode_len=max_decode_len, compact=compact)
+              max_decode_len=max_decode_len, compact=compact,
+              num_hypotheses=num_hypotheses)
 
 
 # --------------------------------------------------------------- GNMT rules --
@@ -269,14 +292,23 @@ class GNMT:
     return ((best_alive <= NEG_INF / 2) |
             (worst_finished > best_alive / length_penalty(length, self.alpha)))
 
-  def finalize(self, beams, length):
-    best = jnp.argmax(beams['alive_logp'], axis=1)
-    alive_seqs = jnp.take_along_axis(beams['alive_seqs'],
-                                     best[:, None, None], axis=1)[:, 0]
-    alive_scores = (jnp.take_along_axis(beams['alive_logp'], best[:, None],
-                                        axis=1)[:, 0] /
-                    length_penalty(length, self.alpha))
-    finished = beams['fin_scores'][:, 0] > NEG_INF / 2
-    tokens = jnp.where(finished[:, None], beams['fin_seqs'][:, 0], alive_seqs)
-    return tokens, jnp.where(finished, beams['fin_scores'][:, 0],
-                             alive_scores)
+  def finalize(self, beams, length, n):
+    """The finished hypotheses, best first; where fewer than ``n`` finished,
+    the best unfinished ones follow, scored at the full length."""
+    penalty = length_penalty(length, self.alpha)
+    seqs = jnp.concatenate([beams['fin_seqs'], beams['alive_seqs']], axis=1)
+    scores = jnp.concatenate([beams['fin_scores'],
+                              beams['alive_logp'] / penalty], axis=1)
+    real = jnp.concatenate([beams['fin_scores'], beams['alive_logp']],
+                           axis=1) > NEG_INF / 2
+    finished = jnp.arange(seqs.shape[1]) < beams['fin_scores'].shape[1]
+    # Finished before unfinished before empty slots, each best first (ties
+    # to the lower slot).
+    group = jnp.where(real, jnp.where(finished, 0, 1), 2)
+    pick = jnp.lexsort((-scores, group), axis=-1)[:, :n]
+    seqs = jnp.take_along_axis(seqs, pick[..., None], axis=1)
+    scores = jnp.take_along_axis(scores, pick, axis=1)
+    real = jnp.take_along_axis(real, pick, axis=1)
+    log_probs = scores * length_penalty(output_lengths(seqs), self.alpha)
+    return (seqs, jnp.where(real, scores, NEG_INF),
+            jnp.where(real, log_probs, NEG_INF))

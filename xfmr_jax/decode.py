@@ -186,9 +186,10 @@ def sample(model, params, inputs, rng, *, temperature=1.0, top_k=0,
 # ------------------------------------------------------------- beam search --
 
 @functools.partial(jax.jit, static_argnames=(
-    'model', 'beam_size', 'alpha', 'max_decode_len', 'compact'))
+    'model', 'beam_size', 'alpha', 'max_decode_len', 'compact',
+    'num_hypotheses'))
 def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
-                max_decode_len=None, compact=True):
+                max_decode_len=None, compact=True, num_hypotheses=None):
   """Beam search with the GNMT length penalty (paper: beam 4, alpha 0.6):
   :func:`xfmr_jax.beam_search.loop` under :class:`xfmr_jax.beam_search.GNMT`.
 
@@ -196,18 +197,23 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
     beam_size, alpha: static; alpha >= 0.
     compact: static; as in :func:`xfmr_jax.beam_search.search` (the tokens
       are the same either way).
+    num_hypotheses: static; None, or ``n <= beam_size`` for the n best.
     Other arguments as in :func:`greedy_decode`.
 
   Returns:
     ``(tokens [batch, max_decode_len] int32, scores [batch] float32)``: the
     best finished hypothesis and its ``log p / length_penalty(len)`` (len
     counts the EOS). A row with no finished hypothesis falls back to its best
-    unfinished one, scored at the full length.
+    unfinished one, scored at the full length. With ``num_hypotheses=n``:
+    ``(tokens [batch, n, max_decode_len], scores [batch, n], log_probs
+    [batch, n])``, the n best finished (then unfinished) hypotheses, best
+    first, with their plain ``log p``; an empty slot scores
+    ``<= beam_search.NEG_INF / 2``.
   """
   TRACE_COUNTS['beam_search'] += 1
   return beam_lib.loop(model, params, inputs, beam_lib.GNMT(alpha),
                        beam_size=beam_size, max_decode_len=max_decode_len,
-                       compact=compact)
+                       compact=compact, num_hypotheses=num_hypotheses)
 
 
 # ------------------------------------------------------ scoring and maps --

@@ -159,15 +159,23 @@ class Generate:
     del t, length
     return ~beams['open'] | beams['all_ended']
 
-  def finalize(self, beams, length):
+  def finalize(self, beams, length, n):
+    """The ``n`` best finished hypotheses (every sentence has ``k`` once
+    done), scored ``log p / len ** alpha``."""
     del length
-    return beams['fin_seqs'][:, 0], beams['fin_scores'][:, 0]
+    seqs, scores = beams['fin_seqs'][:, :n], beams['fin_scores'][:, :n]
+    real = scores > _OFF / 2
+    log_probs = scores * beam_lib.output_lengths(seqs) ** self.alpha
+    return (seqs, jnp.where(real, scores, beam_lib.NEG_INF),
+            jnp.where(real, log_probs, beam_lib.NEG_INF))
 
 
 @functools.partial(jax.jit, static_argnames=(
-    'model', 'beam_size', 'alpha', 'max_decode_len', 'force_eos', 'compact'))
+    'model', 'beam_size', 'alpha', 'max_decode_len', 'force_eos', 'compact',
+    'num_hypotheses'))
 def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
-                max_decode_len=None, force_eos=True, compact=True):
+                max_decode_len=None, force_eos=True, compact=True,
+                num_hypotheses=None):
   """``generate(num_beams=beam_size, length_penalty=alpha)`` in JAX:
   :func:`xfmr_jax.beam_search.loop` under :class:`Generate`.
 
@@ -181,9 +189,11 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
 
   Returns:
     ``(tokens [batch, max_decode_len] int32, scores [batch] float32)``: the
-    best finished hypothesis and its ``sum log p / len ** alpha``.
+    best finished hypothesis and its ``sum log p / len ** alpha``; with
+    ``num_hypotheses=n``, the n best with their plain ``log p`` too, as
+    :func:`xfmr_jax.beam_search.search` gives them.
   """
   decode.TRACE_COUNTS['hf_beam_search'] += 1
   return beam_lib.loop(model, params, inputs, Generate(alpha, force_eos),
                        beam_size=beam_size, max_decode_len=max_decode_len,
-                       compact=compact)
+                       compact=compact, num_hypotheses=num_hypotheses)

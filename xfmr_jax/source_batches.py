@@ -12,7 +12,7 @@ decoder only a few times per bucket.
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -82,10 +82,11 @@ def plan(encoded: Sequence[list[int] | None], batch_size: int, max_input: int,
 
 def translate_in_order(encoded: Sequence[list[int] | None], batch_size: int,
                        max_input: int, translate_chunk,
-                       buckets: Sequence[int] = BUCKETS) -> list[str]:
-  """Texts for ``encoded`` in order ('' where ``None``), one
-  ``translate_chunk(rows, width) -> list[str]`` call per :func:`plan` entry."""
-  out = [''] * len(encoded)
+                       buckets: Sequence[int] = BUCKETS,
+                       empty: Any = '') -> list:
+  """Texts for ``encoded`` in order (``empty`` where ``None``), one
+  ``translate_chunk(rows, width) -> list`` call per :func:`plan` entry."""
+  out = [empty] * len(encoded)
   for chunk, width in plan(encoded, batch_size, max_input, buckets):
     for i, text in zip(chunk, translate_chunk([encoded[i] for i in chunk],
                                               width)):

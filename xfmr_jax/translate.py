@@ -11,11 +11,12 @@ of :mod:`xfmr_jax.serving`).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import numpy as np
 
+from xfmr_jax import beam_search as beam_lib
 from xfmr_jax import decode, hf_beam, source_batches
 from xfmr_jax.model import SequenceModel
 from xfmr_jax.source_batches import BUCKETS, InputTooLong
@@ -23,7 +24,8 @@ from xfmr_jax.token_ids import EOS
 from xfmr_jax.tokenizer import Tokenizer
 from xfmr_jax.workdir import Workdir
 
-__all__ = ['BEAM_RULES', 'BUCKETS', 'InputTooLong', 'Translator', 'search']
+__all__ = ['BEAM_RULES', 'BUCKETS', 'Hypothesis', 'InputTooLong',
+           'Translator', 'search']
 
 
 BEAM_RULES = ('gnmt', 'hf')
@@ -43,6 +45,24 @@ def search(model: SequenceModel, params, inputs, *, beam_size: int,
   out, _ = beam(model, params, inputs, beam_size=beam_size, alpha=alpha,
                 max_decode_len=max_decode_len)
   return out
+
+
+class Hypothesis(NamedTuple):
+  """One translation of an n-best list (:meth:`Translator.nbest`).
+
+  Attributes:
+    text: the translation.
+    score: what the search ranks by, ``log p`` normalised for length (GNMT:
+      ``log p / ((5 + len) / 6) ** alpha``; 'hf': ``log p / len ** alpha``;
+      ``len`` counts the EOS).
+    log_prob: the ``log p`` of its tokens and EOS under the model (of its
+      tokens alone for a hypothesis cut at the output limit), as the search
+      sums it: GNMT's rules renormalise without the pad id, which they never
+      emit; 'hf' bans it after the log-softmax, as ``generate`` does.
+  """
+  text: str
+  score: float
+  log_prob: float
 
 
 def beam_settings(config) -> dict:
@@ -136,6 +156,50 @@ class Translator:
       return [self.tokenizer.decode(outputs[r]) for r in range(len(rows))]
     return source_batches.translate_in_order(encoded, self.batch_size,
                                              self.max_input, translate_chunk)
+
+  def nbest(self, texts: Sequence[str],
+            num_hypotheses: int) -> list[list[Hypothesis]]:
+    """The ``num_hypotheses`` best translations of each text, best first.
+
+    The beam search of this translator (``beam_size`` beams, 1 being greedy,
+    under ``beam_rules``) keeps them anyway: both rule sets hold the ``k``
+    best finished hypotheses. Where a sentence finished fewer (the output
+    limit reached first), its best unfinished ones follow; a list can be
+    shorter than asked where the search held fewer distinct hypotheses. An
+    empty text gets an empty list.
+
+    Raises:
+      ValueError: ``num_hypotheses`` not in ``1..beam_size``, or a sampling
+        translator (``temperature > 0``), which has no ranked list.
+    """
+    if not 1 <= num_hypotheses <= self.beam_size:
+      raise ValueError(f'num_hypotheses must be between 1 and the beam size '
+                       f'{self.beam_size}, got {num_hypotheses}')
+    if self.temperature > 0:
+      raise ValueError('n-best lists come from beam search; this translator '
+                       f'samples (temperature {self.temperature})')
+    encoded = [source_batches.encode_source(self.tokenizer, t, i,
+                                            self.max_input, self.too_long)
+               for i, t in enumerate(texts)]
+    beam = (hf_beam.beam_search if self.beam_rules == 'hf' else
+            decode.beam_search)
+
+    def chunk_nbest(rows, width):
+      inputs = source_batches.pad_rows(rows, width, self.batch_size)
+      length = decode.decode_length(self.model.config, width,
+                                    extra=self.max_decode_extra)
+      tokens, scores, log_probs = map(np.asarray, beam(
+          self.model, self.params, inputs, beam_size=self.beam_size,
+          alpha=self.alpha, max_decode_len=length,
+          num_hypotheses=num_hypotheses))
+      return [[Hypothesis(self.tokenizer.decode(tokens[r, j]),
+                          float(scores[r, j]), float(log_probs[r, j]))
+               for j in range(num_hypotheses)
+               if scores[r, j] > beam_lib.NEG_INF / 2]
+              for r in range(len(rows))]
+    out = source_batches.translate_in_order(
+        encoded, self.batch_size, self.max_input, chunk_nbest, empty=None)
+    return [[] if hyps is None else hyps for hyps in out]
 
   def score(self, sources: Sequence[str],
             targets: Sequence[str]) -> list[np.ndarray]:
