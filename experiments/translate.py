@@ -42,6 +42,12 @@ _BATCH = flags.DEFINE_integer('batch_size', 64,
                               'The most sentences per decoder call.')
 _NBEST = flags.DEFINE_integer('nbest', 0, 'Print the K best translations of '
                               'each line (K <= beam_size; 0: the best alone).')
+_NO_REPEAT = flags.DEFINE_integer(
+    'no_repeat_ngram_size', 0, 'Never repeat an n-gram of this size in an '
+    'output (0: off).')
+_PENALTY = flags.DEFINE_float(
+    'repetition_penalty', 1.0, 'Make tokens an output already has less '
+    'likely by this factor (1: off).')
 _TOO_LONG = flags.DEFINE_enum('too_long', 'truncate', ['truncate', 'error'],
                               'What to do with over-long lines.')
 
@@ -61,11 +67,14 @@ def check_flags() -> None:
                            ('batch_size', _BATCH.value, 1),
                            ('max_decode_extra', _EXTRA.value, 0),
                            ('top_k', _TOP_K.value, 0),
-                           ('nbest', _NBEST.value, 0)):
+                           ('nbest', _NBEST.value, 0),
+                           ('no_repeat_ngram_size', _NO_REPEAT.value, 0)):
     if value < low:
       entry.fail(f'--{name} must be at least {low}, got {value}')
   if (_ALPHA.value is not None and _ALPHA.value < 0) or _TEMPERATURE.value < 0:
     entry.fail('--alpha and --temperature must be >= 0')
+  if not _PENALTY.value > 0:
+    entry.fail(f'--repetition_penalty must be > 0, got {_PENALTY.value}')
   if not 0 < _TOP_P.value <= 1:
     entry.fail(f'--top_p must be in (0, 1], got {_TOP_P.value}')
   if _NBEST.value > _BEAM.value:
@@ -91,7 +100,9 @@ def main(argv):
       _WORKDIR.value, _STEP.value, beam_size=_BEAM.value, **chosen,
       max_decode_extra=_EXTRA.value, batch_size=_BATCH.value,
       too_long=_TOO_LONG.value, temperature=_TEMPERATURE.value,
-      top_k=_TOP_K.value, top_p=_TOP_P.value, seed=_SEED.value)
+      top_k=_TOP_K.value, top_p=_TOP_P.value, seed=_SEED.value,
+      no_repeat_ngram_size=_NO_REPEAT.value,
+      repetition_penalty=_PENALTY.value)
   lines = read_lines(sys.stdin.buffer)
   if _NBEST.value:
     sys.stdout.write(''.join(nbest_lines(translator.nbest(lines,

@@ -119,6 +119,7 @@ def test_resuming_with_another_model_names_the_fields(data_dir, tmp_path):
     (['--max_decode_extra=-100'], '--max_decode_extra must be at least 0'),
     (['--top_p=0'], '--top_p must be in (0, 1]'),
     (['--nbest=5'], '--nbest 5 is more than --beam_size 4'),
+    (['--repetition_penalty=0'], '--repetition_penalty must be > 0'),
     (['--nbest=2', '--temperature=0.5'], '--nbest needs beam search'),
     (['--workdir=/nonexistent/run'], 'is not a directory'),
 ])

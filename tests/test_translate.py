@@ -147,6 +147,26 @@ def test_nbest_lists_rank_hypotheses_the_model_scores_alike(
     sampler.nbest(sources, 2)
 
 
+def test_anti_repetition_settings_reach_the_decoder(translator, data_dir):
+  """A translator's no_repeat_ngram_size reaches the jitted loop: its output
+  ids hold no repeated bigram; bad or unsupported settings are one error."""
+  test = data.get_source('toy_translate/small', 'test', str(data_dir))
+  tok = translator.tokenizer
+  rows = [tok.encode(test[i][0]) + [EOS] for i in range(8)]
+  inputs = source_batches.pad_rows(rows, max(map(len, rows)), 8)
+  t = Translator(translator.model, translator.params, tok, batch_size=8,
+                 no_repeat_ngram_size=1)
+  for row in t.decode_ids(inputs):
+    emitted = [int(x) for x in row if x]
+    assert len(emitted) == len(set(emitted)), emitted  # no token twice
+  with pytest.raises(ValueError, match='repetition_penalty must be > 0'):
+    Translator(translator.model, translator.params, tok,
+               repetition_penalty=0)
+  with pytest.raises(ValueError, match="not under generate's rules"):
+    Translator(translator.model, translator.params, tok, beam_size=4,
+               beam_rules='hf', no_repeat_ngram_size=3)
+
+
 def test_score_rejects_bad_pairs_with_one_clear_error(translator):
   with pytest.raises(ValueError, match='2 sources but 1 targets'):
     translator.score(['drag', 'vol'], ['x'])

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 
 from xfmr_jax import beam_cache
 from xfmr_jax import decode_steps as steps
+from xfmr_jax import repetition
 from xfmr_jax import top_k as topk
 from xfmr_jax.token_ids import EOS, PAD
 
@@ -261,8 +262,13 @@ class GNMT:
 
   Attributes:
     alpha: the length penalty's exponent, >= 0 (0: plain log p).
+    no_repeat_ngram_size, repetition_penalty: anti-repetition on each beam's
+      logits before the log-softmax (:mod:`xfmr_jax.repetition`; 0 and 1.0:
+      off).
   """
   alpha: float = 0.6
+  no_repeat_ngram_size: int = 0
+  repetition_penalty: float = 1.0
 
   def init(self, batch, k, length):
     # Beam 0 is the real start; the others are placeholders that never win.
@@ -274,9 +280,11 @@ class GNMT:
         fin_scores=jnp.full((batch, k), NEG_INF))
 
   def update(self, beams, logits, t, length):
-    del length
     batch, k = beams['alive_logp'].shape
-    logits = steps.no_pad(logits)
+    logits = repetition.process(
+        steps.no_pad(logits), beams['alive_seqs'].reshape(batch * k, length),
+        t, no_repeat_ngram_size=self.no_repeat_ngram_size,
+        repetition_penalty=self.repetition_penalty)
     log_probs = logits - steps.logsumexp(logits)
     return _gnmt_update(beams, log_probs.reshape(batch, k, -1), t, self.alpha)
 

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 
 from xfmr_jax import beam_search as beam_lib
 from xfmr_jax import decode_steps as steps
+from xfmr_jax import repetition
 from xfmr_jax import top_k as topk
 from xfmr_jax.token_ids import EOS, PAD
 
@@ -55,7 +56,7 @@ def _autoregress(batch, length, carry, next_logits, pick):
     carry: loop state of ``next_logits`` (the cache).
     next_logits: ``(carry, out, t) -> (logits [batch, vocab], carry)`` for
       position t, given the tokens ``out [batch, length]`` emitted before t.
-    pick: ``(logits [batch, vocab], t) -> tokens [batch]``.
+    pick: ``(logits [batch, vocab], out, t) -> tokens [batch]``.
 
   Returns:
     ``[batch, length]`` int32 tokens, 0 after EOS.
@@ -67,7 +68,7 @@ def _autoregress(batch, length, carry, next_logits, pick):
   def body(state):
     t, out, done, carry = state
     logits, carry = next_logits(carry, out, t)
-    token = jnp.where(done, PAD, pick(steps.no_pad(logits), t))
+    token = jnp.where(done, PAD, pick(steps.no_pad(logits), out, t))
     return t + 1, out.at[:, t].set(token), done | (token == EOS), carry
 
   init = (0, jnp.zeros((batch, length), jnp.int32), jnp.zeros((batch,), bool),
@@ -86,15 +87,30 @@ def _cached_loop(model, params, inputs, max_decode_len, pick):
                                        next_logits, pick))
 
 
-def _argmax(logits, t):
-  del t
+def _argmax(logits, out, t):
+  del out, t
   return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def _after_repetition(pick, no_repeat_ngram_size, repetition_penalty):
+  """``pick`` of the logits with :func:`xfmr_jax.repetition.process`
+  applied (``pick`` itself at the defaults)."""
+  if not no_repeat_ngram_size and repetition_penalty == 1.0:
+    return pick
+
+  def picked(logits, out, t):
+    return pick(repetition.process(
+        logits, out, t, no_repeat_ngram_size=no_repeat_ngram_size,
+        repetition_penalty=repetition_penalty), out, t)
+  return picked
 
 
 # ------------------------------------------------------------------ greedy --
 
-@functools.partial(jax.jit, static_argnames=('model', 'max_decode_len'))
-def greedy_decode(model, params, inputs, *, max_decode_len=None):
+@functools.partial(jax.jit, static_argnames=(
+    'model', 'max_decode_len', 'no_repeat_ngram_size', 'repetition_penalty'))
+def greedy_decode(model, params, inputs, *, max_decode_len=None,
+                  no_repeat_ngram_size=0, repetition_penalty=1.0):
   """Greedy decoding with the KV cache.
 
   Args:
@@ -102,12 +118,15 @@ def greedy_decode(model, params, inputs, *, max_decode_len=None):
     params: its params (or ``{'params': ...}``).
     inputs: ``[batch, s]`` int32 source ids, 0-padded.
     max_decode_len: static; default ``s + 50`` capped by ``config.max_len``.
+    no_repeat_ngram_size, repetition_penalty: static; anti-repetition
+      (:mod:`xfmr_jax.repetition`; 0 and 1.0: off).
 
   Returns:
     int32 ``[batch, max_decode_len]`` tokens.
   """
   TRACE_COUNTS['greedy_decode'] += 1
-  return _cached_loop(model, params, inputs, max_decode_len, _argmax)
+  return _cached_loop(model, params, inputs, max_decode_len, _after_repetition(
+      _argmax, no_repeat_ngram_size, repetition_penalty))
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'max_decode_len'))
@@ -159,9 +178,11 @@ def _filter_logits(logits, temperature, top_k, top_p):
 
 
 @functools.partial(jax.jit, static_argnames=(
-    'model', 'temperature', 'top_k', 'top_p', 'max_decode_len'))
+    'model', 'temperature', 'top_k', 'top_p', 'max_decode_len',
+    'no_repeat_ngram_size', 'repetition_penalty'))
 def sample(model, params, inputs, rng, *, temperature=1.0, top_k=0,
-           top_p=1.0, max_decode_len=None):
+           top_p=1.0, max_decode_len=None, no_repeat_ngram_size=0,
+           repetition_penalty=1.0):
   """Ancestral sampling with the KV cache.
 
   Args:
@@ -170,26 +191,30 @@ def sample(model, params, inputs, rng, *, temperature=1.0, top_k=0,
     temperature: static; 0 means greedy.
     top_k: static; sample among the k most likely tokens (0: all).
     top_p: static; sample in the smallest set of mass >= top_p (1: all).
-    Other arguments and the result as in :func:`greedy_decode`.
+    Other arguments and the result as in :func:`greedy_decode`; the
+    anti-repetition rules act on the logits before the temperature.
   """
   TRACE_COUNTS['sample'] += 1
   if temperature == 0:
-    return _cached_loop(model, params, inputs, max_decode_len, _argmax)
-
-  def pick(logits, t):
-    logits = _filter_logits(logits, temperature, top_k, top_p)
-    return jax.random.categorical(jax.random.fold_in(rng, t), logits,
-                                  axis=-1).astype(jnp.int32)
-  return _cached_loop(model, params, inputs, max_decode_len, pick)
+    pick = _argmax
+  else:
+    def pick(logits, out, t):
+      del out
+      logits = _filter_logits(logits, temperature, top_k, top_p)
+      return jax.random.categorical(jax.random.fold_in(rng, t), logits,
+                                    axis=-1).astype(jnp.int32)
+  return _cached_loop(model, params, inputs, max_decode_len, _after_repetition(
+      pick, no_repeat_ngram_size, repetition_penalty))
 
 
 # ------------------------------------------------------------- beam search --
 
 @functools.partial(jax.jit, static_argnames=(
     'model', 'beam_size', 'alpha', 'max_decode_len', 'compact',
-    'num_hypotheses'))
+    'num_hypotheses', 'no_repeat_ngram_size', 'repetition_penalty'))
 def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
-                max_decode_len=None, compact=True, num_hypotheses=None):
+                max_decode_len=None, compact=True, num_hypotheses=None,
+                no_repeat_ngram_size=0, repetition_penalty=1.0):
   """Beam search with the GNMT length penalty (paper: beam 4, alpha 0.6):
   :func:`xfmr_jax.beam_search.loop` under :class:`xfmr_jax.beam_search.GNMT`.
 
@@ -198,7 +223,8 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
     compact: static; as in :func:`xfmr_jax.beam_search.search` (the tokens
       are the same either way).
     num_hypotheses: static; None, or ``n <= beam_size`` for the n best.
-    Other arguments as in :func:`greedy_decode`.
+    Other arguments as in :func:`greedy_decode`; the anti-repetition rules
+    act on each beam's logits before the log-softmax.
 
   Returns:
     ``(tokens [batch, max_decode_len] int32, scores [batch] float32)``: the
@@ -211,9 +237,10 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
     ``<= beam_search.NEG_INF / 2``.
   """
   TRACE_COUNTS['beam_search'] += 1
-  return beam_lib.loop(model, params, inputs, beam_lib.GNMT(alpha),
-                       beam_size=beam_size, max_decode_len=max_decode_len,
-                       compact=compact, num_hypotheses=num_hypotheses)
+  rules = beam_lib.GNMT(alpha, no_repeat_ngram_size, repetition_penalty)
+  return beam_lib.loop(model, params, inputs, rules, beam_size=beam_size,
+                       max_decode_len=max_decode_len, compact=compact,
+                       num_hypotheses=num_hypotheses)
 
 
 # ------------------------------------------------------ scoring and maps --

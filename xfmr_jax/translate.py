@@ -11,13 +11,14 @@ of :mod:`xfmr_jax.serving`).
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Sequence
 
 import jax
 import numpy as np
 
 from xfmr_jax import beam_search as beam_lib
-from xfmr_jax import decode, hf_beam, source_batches
+from xfmr_jax import decode, hf_beam, repetition, source_batches
 from xfmr_jax.model import SequenceModel
 from xfmr_jax.source_batches import BUCKETS, InputTooLong
 from xfmr_jax.token_ids import EOS
@@ -32,18 +33,27 @@ BEAM_RULES = ('gnmt', 'hf')
 
 
 def search(model: SequenceModel, params, inputs, *, beam_size: int,
-           alpha: float, beam_rules: str, max_decode_len: int):
+           alpha: float, beam_rules: str, max_decode_len: int,
+           no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0):
   """``[batch, s]`` source ids -> ``[batch, max_decode_len]`` output ids:
   greedy for ``beam_size`` 1, else beam search under ``beam_rules`` ('gnmt':
   :func:`xfmr_jax.decode.beam_search`; 'hf': :func:`xfmr_jax.hf_beam.
-  beam_search`, Hugging Face ``generate``'s scoring). Traceable: the exported
-  translator (:mod:`xfmr_jax.export`) runs this same function."""
+  beam_search`, Hugging Face ``generate``'s scoring), with the
+  anti-repetition settings of :mod:`xfmr_jax.repetition` (not under 'hf').
+  Traceable: the exported translator (:mod:`xfmr_jax.export`) runs this same
+  function."""
+  repeat = dict(no_repeat_ngram_size=no_repeat_ngram_size,
+                repetition_penalty=repetition_penalty)
   if beam_size == 1:
     return decode.greedy_decode(model, params, inputs,
-                                max_decode_len=max_decode_len)
-  beam = hf_beam.beam_search if beam_rules == 'hf' else decode.beam_search
-  out, _ = beam(model, params, inputs, beam_size=beam_size, alpha=alpha,
-                max_decode_len=max_decode_len)
+                                max_decode_len=max_decode_len, **repeat)
+  if beam_rules == 'hf':
+    out, _ = hf_beam.beam_search(model, params, inputs, beam_size=beam_size,
+                                 alpha=alpha, max_decode_len=max_decode_len)
+  else:
+    out, _ = decode.beam_search(model, params, inputs, beam_size=beam_size,
+                                alpha=alpha, max_decode_len=max_decode_len,
+                                **repeat)
   return out
 
 
@@ -90,6 +100,9 @@ class Translator:
       the model's ``max_len``.
     temperature, top_k, top_p, seed: sampling instead of search when
       ``temperature > 0``.
+    no_repeat_ngram_size, repetition_penalty: anti-repetition in greedy
+      decoding, sampling and GNMT's beam search (:mod:`xfmr_jax.repetition`;
+      0 and 1.0: off; not with ``beam_rules='hf'`` at beam sizes above 1).
   """
 
   def __init__(self, model: SequenceModel, params, tokenizer: Tokenizer, *,
@@ -98,7 +111,9 @@ class Translator:
                max_decode_extra: int = decode.DECODE_EXTRA,
                batch_size: int = 64,
                too_long: str = 'truncate', temperature: float = 0.0,
-               top_k: int = 0, top_p: float = 1.0, seed: int = 0):
+               top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+               no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0):
+    repetition.check(no_repeat_ngram_size, repetition_penalty)
     if beam_rules not in BEAM_RULES:
       raise ValueError(f'beam_rules must be one of {BEAM_RULES}, got '
                        f'{beam_rules!r}')
@@ -108,6 +123,13 @@ class Translator:
     self.beam_size, self.alpha, self.beam_rules = beam_size, alpha, beam_rules
     self.max_decode_extra, self.batch_size = max_decode_extra, batch_size
     self.too_long = too_long
+    self.repeat = dict(no_repeat_ngram_size=no_repeat_ngram_size,
+                       repetition_penalty=float(repetition_penalty))
+    if (beam_rules == 'hf' and beam_size > 1 and temperature == 0 and
+        (no_repeat_ngram_size or repetition_penalty != 1.0)):
+      raise ValueError('no_repeat_ngram_size and repetition_penalty work with '
+                       "beam_rules 'gnmt' (and greedy or sampling), not under "
+                       "generate's rules ('hf')")
     self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
     self._rng = jax.random.key(seed)
     self.max_input = source_batches.max_input_length(
@@ -137,11 +159,12 @@ class Translator:
       self._rng, key = jax.random.split(self._rng)
       out = decode.sample(self.model, self.params, inputs, key,
                           temperature=self.temperature, top_k=self.top_k,
-                          top_p=self.top_p, max_decode_len=length)
+                          top_p=self.top_p, max_decode_len=length,
+                          **self.repeat)
     else:
       out = search(self.model, self.params, inputs, beam_size=self.beam_size,
                    alpha=self.alpha, beam_rules=self.beam_rules,
-                   max_decode_len=length)
+                   max_decode_len=length, **self.repeat)
     return np.asarray(out)
 
   def __call__(self, texts: Sequence[str]) -> list[str]:
@@ -181,8 +204,10 @@ class Translator:
     encoded = [source_batches.encode_source(self.tokenizer, t, i,
                                             self.max_input, self.too_long)
                for i, t in enumerate(texts)]
-    beam = (hf_beam.beam_search if self.beam_rules == 'hf' else
-            decode.beam_search)
+    if self.beam_rules == 'hf':
+      beam = hf_beam.beam_search
+    else:
+      beam = functools.partial(decode.beam_search, **self.repeat)
 
     def chunk_nbest(rows, width):
       inputs = source_batches.pad_rows(rows, width, self.batch_size)
