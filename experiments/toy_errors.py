@@ -26,6 +26,10 @@ _WORKDIR = flags.DEFINE_string('workdir', 'workdir/toy', 'A trained toy run.')
 _SPLIT = flags.DEFINE_string('split', 'test', 'Split to decode.')
 _BEAM = flags.DEFINE_integer('beam_size', 1, '1 = greedy.')
 _LIMIT = flags.DEFINE_integer('limit', 0, 'Sentences to decode; 0 = all.')
+_NO_REPEAT = flags.DEFINE_integer('no_repeat_ngram_size', 0,
+                                  'Decode with no repeated n-gram of this size.')
+_PENALTY = flags.DEFINE_float('repetition_penalty', 1.0,
+                              'Decode with this repetition penalty.')
 
 # A target verb ends in (tense +) agreement, e.g. 'mishoti' + 'zo' + 'nar'.
 VERB_ENDINGS = {t + a for t in tl.TENSE_SUFFIX for a in tl.AGREEMENT_SUFFIX}
@@ -56,6 +60,14 @@ def errors_of(output: str, reference: str) -> list[str]:
   return kinds
 
 
+def is_loop(output: str) -> bool:
+  """One to three words said three times in a row (``ki ki ki``, ``a b a b
+  a b``; no sentence of the toy language has that)."""
+  w = output.split()
+  return any(w[i:i + p] == w[i + p:i + 2 * p] == w[i + 2 * p:i + 3 * p]
+             for p in (1, 2, 3) for i in range(len(w) - 3 * p + 1))
+
+
 def length_bin(n: int) -> str:
   return '3-10' if n <= 10 else '11-20' if n <= 20 else '21-30' if n <= 30 \
       else '31+'
@@ -64,7 +76,10 @@ def length_bin(n: int) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  translate = Translator.from_workdir(_WORKDIR.value, beam_size=_BEAM.value)
+  translate = Translator.from_workdir(
+      _WORKDIR.value, beam_size=_BEAM.value,
+      no_repeat_ngram_size=_NO_REPEAT.value,
+      repetition_penalty=_PENALTY.value)
   with open(os.path.join(_WORKDIR.value, 'config.json')) as f:
     config = json.load(f)
   source = data.get_source(config['dataset'], _SPLIT.value,
@@ -97,6 +112,9 @@ def main(argv):
   for kind, n in kinds.most_common():
     print(f'| {kind} | {n} |')
   failed = [s for s in samples if s['output'] != s['reference']]
+  loops = sum(map(is_loop, (s['output'] for s in failed)))
+  print(f'\n{loops} of the {len(failed)} failed outputs loop (one to three '
+        'words three times in a row)')
   for s in failed[:5]:
     print(f"\n  source:    {s['source']}\n  reference: {s['reference']}\n"
           f"  output:    {s['output']}")
