@@ -111,3 +111,9 @@ def test_bad_settings_are_one_clear_error():
   for n, p in ((-1, 1.0), (1.5, 1.0), (0, 0.0), (0, -2.0)):
     with pytest.raises(ValueError, match='no_repeat_ngram_size|repetition_'):
       repetition.check(n, p)
+
+
+def test_toy_error_report_counts_short_phrases_said_three_times_as_loops():
+  from experiments.toy_errors import is_loop
+  assert is_loop('du ki ki ki') and is_loop('a b c a b c a b c x')
+  assert not is_loop('ki a ki a ki') and not is_loop('a b a b c')
