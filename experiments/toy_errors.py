@@ -18,7 +18,7 @@ import os
 from absl import app, flags
 
 from experiments import entry
-from xfmr_jax import data, evaluation
+from xfmr_jax import data, evaluation, repetition
 from xfmr_jax.data import toy_language as tl
 from xfmr_jax.translate import Translator
 
@@ -58,14 +58,6 @@ def errors_of(output: str, reference: str) -> list[str]:
     elif op != 'equal':
       kinds.append('missing/extra words')
   return kinds
-
-
-def is_loop(output: str) -> bool:
-  """One to three words said three times in a row (``ki ki ki``, ``a b a b
-  a b``; no sentence of the toy language has that)."""
-  w = output.split()
-  return any(w[i:i + p] == w[i + p:i + 2 * p] == w[i + 2 * p:i + 3 * p]
-             for p in (1, 2, 3) for i in range(len(w) - 3 * p + 1))
 
 
 def length_bin(n: int) -> str:
@@ -112,7 +104,7 @@ def main(argv):
   for kind, n in kinds.most_common():
     print(f'| {kind} | {n} |')
   failed = [s for s in samples if s['output'] != s['reference']]
-  loops = sum(map(is_loop, (s['output'] for s in failed)))
+  loops = sum(repetition.loops(s['output'].split()) for s in failed)
   print(f'\n{loops} of the {len(failed)} failed outputs loop (one to three '
         'words three times in a row)')
   for s in failed[:5]:

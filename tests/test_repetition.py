@@ -113,7 +113,7 @@ def test_bad_settings_are_one_clear_error():
       repetition.check(n, p)
 
 
-def test_toy_error_report_counts_short_phrases_said_three_times_as_loops():
-  from experiments.toy_errors import is_loop
-  assert is_loop('du ki ki ki') and is_loop('a b c a b c a b c x')
-  assert not is_loop('ki a ki a ki') and not is_loop('a b a b c')
+def test_a_loop_is_a_short_phrase_three_times_in_a_row():
+  loops = lambda text: repetition.loops(text.split())
+  assert loops('du ki ki ki') and loops('a b c a b c a b c x')
+  assert not loops('ki a ki a ki') and not loops('a b a b c')

@@ -60,6 +60,15 @@ def process(logits, seqs, t, *, no_repeat_ngram_size: int = 0,
   return logits
 
 
+def loops(words, max_phrase: int = 3) -> bool:
+  """Whether a phrase of one to ``max_phrase`` words comes three times in a
+  row (``ki ki ki``, ``a b a b a b``): how an output stuck in a loop looks."""
+  w = list(words)
+  return any(w[i:i + p] == w[i + p:i + 2 * p] == w[i + 2 * p:i + 3 * p]
+             for p in range(1, max_phrase + 1)
+             for i in range(len(w) - 3 * p + 1))
+
+
 def check(no_repeat_ngram_size, repetition_penalty) -> None:
   """A ValueError for settings out of range."""
   if type(no_repeat_ngram_size) is not int or no_repeat_ngram_size < 0:
