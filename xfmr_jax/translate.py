@@ -125,11 +125,8 @@ class Translator:
     self.too_long = too_long
     self.repeat = dict(no_repeat_ngram_size=no_repeat_ngram_size,
                        repetition_penalty=float(repetition_penalty))
-    if (beam_rules == 'hf' and beam_size > 1 and temperature == 0 and
-        (no_repeat_ngram_size or repetition_penalty != 1.0)):
-      raise ValueError('no_repeat_ngram_size and repetition_penalty work with '
-                       "beam_rules 'gnmt' (and greedy or sampling), not under "
-                       "generate's rules ('hf')")
+    if beam_size > 1 and temperature == 0:
+      self._refuse_repetition_under_hf()
     self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
     self._rng = jax.random.key(seed)
     self.max_input = source_batches.max_input_length(
@@ -167,11 +164,22 @@ class Translator:
                    max_decode_len=length, **self.repeat)
     return np.asarray(out)
 
+  def _encode(self, texts: Sequence[str]) -> list[list[int] | None]:
+    """Each text's source ids (``None`` for a blank one)."""
+    return [source_batches.encode_source(self.tokenizer, t, i, self.max_input,
+                                         self.too_long)
+            for i, t in enumerate(texts)]
+
+  def _refuse_repetition_under_hf(self) -> None:
+    if self.beam_rules == 'hf' and (self.repeat['no_repeat_ngram_size'] or
+                                    self.repeat['repetition_penalty'] != 1.0):
+      raise ValueError('no_repeat_ngram_size and repetition_penalty work with '
+                       "beam_rules 'gnmt' (and greedy or sampling), not under "
+                       "generate's rules ('hf')")
+
   def __call__(self, texts: Sequence[str]) -> list[str]:
     """Translations of ``texts`` in order; an empty input gives ''."""
-    encoded = [source_batches.encode_source(self.tokenizer, t, i,
-                                            self.max_input, self.too_long)
-               for i, t in enumerate(texts)]
+    encoded = self._encode(texts)
 
     def translate_chunk(rows, width):
       outputs = self.decode_ids(source_batches.pad_rows(rows, width,
@@ -201,10 +209,9 @@ class Translator:
     if self.temperature > 0:
       raise ValueError('n-best lists come from beam search; this translator '
                        f'samples (temperature {self.temperature})')
-    encoded = [source_batches.encode_source(self.tokenizer, t, i,
-                                            self.max_input, self.too_long)
-               for i, t in enumerate(texts)]
+    encoded = self._encode(texts)
     if self.beam_rules == 'hf':
+      self._refuse_repetition_under_hf()  # its beam loop, even at beam 1
       beam = hf_beam.beam_search
     else:
       beam = functools.partial(decode.beam_search, **self.repeat)
@@ -246,9 +253,7 @@ class Translator:
     if self.model.config.model_kind != 'encoder_decoder':
       raise ValueError('score needs an encoder-decoder model, got '
                        f'{self.model.config.model_kind!r}')
-    encoded = [source_batches.encode_source(self.tokenizer, t, i,
-                                            self.max_input, self.too_long)
-               for i, t in enumerate(sources)]
+    encoded = self._encode(sources)
     empty = [i for i, ids in enumerate(encoded) if ids is None]
     if empty:
       raise ValueError(f'source {empty[0]} is empty; there is nothing to '
