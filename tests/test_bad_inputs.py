@@ -121,6 +121,9 @@ def test_resuming_with_another_model_names_the_fields(data_dir, tmp_path):
     (['--nbest=5'], '--nbest 5 is more than --beam_size 4'),
     (['--repetition_penalty=0'], '--repetition_penalty must be > 0'),
     (['--nbest=2', '--temperature=0.5'], '--nbest needs beam search'),
+    (['--nbest=2', '--alignments'], '--alignments and --nbest cannot be'),
+    (['--prefixes=/nonexistent/p.txt'], "--prefixes '/nonexistent/p.txt' is "
+     'not a file'),
     (['--workdir=/nonexistent/run'], 'is not a directory'),
 ])
 def test_translate_rejects_bad_flags(trained_workdir, flags, expected):

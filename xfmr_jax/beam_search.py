@@ -25,10 +25,10 @@ both rule sets keep the ``k`` best finished ones, best first
 (``num_hypotheses``). Further decoding features fit the same loop: a logits
 processor (no repeated n-grams, a repetition penalty, constrained decoding)
 acts on the logits in the rules' ``update``, which sees every beam's tokens in
-``beams['alive_seqs']``; a target prefix is an ``update`` that forces the
-prefix's token at ``t`` (per-sentence arrays such as prefixes would be passed
-to :func:`loop` and kept in the beams by ``init``, as the rules themselves are
-static).
+``beams['alive_seqs']``. Per-sentence inputs of the search, which the static
+rules cannot hold, travel in the beams: a target prefix
+(:mod:`xfmr_jax.target_prefix`) is ``beams['prefix']``, and GNMT's ``update``
+leaves each beam only the prefix's token while ``t`` is inside it.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from xfmr_jax import beam_cache
 from xfmr_jax import decode_steps as steps
-from xfmr_jax import repetition
+from xfmr_jax import repetition, target_prefix
 from xfmr_jax import top_k as topk
 from xfmr_jax.token_ids import EOS, PAD
 
@@ -62,7 +62,9 @@ class Rules(Protocol):
   """
 
   def init(self, batch: int, k: int, length: int) -> Beams:
-    """The beams before the first step (one real start per sentence)."""
+    """The beams before the first step (one real start per sentence).
+    :func:`loop` adds ``prefix`` ``[batch, p]`` to them when given one;
+    rules that cannot follow a prefix raise if they find it."""
 
   def update(self, beams: Beams, logits: jax.Array, t: jax.Array,
              length: int) -> tuple[Beams, jax.Array]:
@@ -103,7 +105,8 @@ def segment_sizes(batch: int) -> list[int]:
 
 
 def loop(model, params, inputs, rules: Rules, *, beam_size: int,
-         max_decode_len=None, compact: bool = True, num_hypotheses=None):
+         max_decode_len=None, compact: bool = True, num_hypotheses=None,
+         prefix=None):
   """Beam search under ``rules``, traceable (jit it, or call it inside a
   jitted function). Arguments as in :func:`search`."""
   variables = steps.as_variables(params)
@@ -115,6 +118,8 @@ def loop(model, params, inputs, rules: Rules, *, beam_size: int,
   cache = beam_cache.expand(model, steps.init_cache(model, variables, inputs,
                                                     length), k)
   beams = rules.init(batch, k, length)
+  if prefix is not None:
+    beams = dict(beams, prefix=steps.split_rows(prefix))
   final = beams      # every sentence's beams, written back as it leaves
   where = jnp.arange(batch)  # the sentence each decoded row belongs to
   t = jnp.zeros((), jnp.int32)
@@ -177,7 +182,8 @@ def _write_back(final, beams, where):
     'model', 'rules', 'beam_size', 'max_decode_len', 'compact',
     'num_hypotheses'))
 def search(model, params, inputs, rules: Rules, *, beam_size=4,
-           max_decode_len=None, compact=True, num_hypotheses=None):
+           max_decode_len=None, compact=True, num_hypotheses=None,
+           prefix=None):
   """Beam search under any rules, one ``jax.jit``.
 
   Args:
@@ -192,6 +198,8 @@ def search(model, params, inputs, rules: Rules, *, beam_size=4,
       stops costing decoder steps. The tokens are the same either way.
     num_hypotheses: static; None for the best hypothesis alone, or ``n``
       (``1 <= n <= beam_size``) for the n best.
+    prefix: None, or ``[batch, p]`` int32 target prefixes, 0-padded
+      (:mod:`xfmr_jax.target_prefix`; GNMT's rules follow them).
 
   Returns:
     the best hypothesis, ``(tokens [batch, max_decode_len] int32, scores
@@ -201,7 +209,7 @@ def search(model, params, inputs, rules: Rules, *, beam_size=4,
   """
   return loop(model, params, inputs, rules, beam_size=beam_size,
               max_decode_len=max_decode_len, compact=compact,
-              num_hypotheses=num_hypotheses)
+              num_hypotheses=num_hypotheses, prefix=prefix)
 
 
 # --------------------------------------------------------------- GNMT rules --
@@ -281,12 +289,22 @@ class GNMT:
 
   def update(self, beams, logits, t, length):
     batch, k = beams['alive_logp'].shape
+    raw_logits = logits
     logits = repetition.process(
         steps.no_pad(logits), beams['alive_seqs'].reshape(batch * k, length),
         t, no_repeat_ngram_size=self.no_repeat_ngram_size,
         repetition_penalty=self.repetition_penalty)
-    log_probs = logits - steps.logsumexp(logits)
-    return _gnmt_update(beams, log_probs.reshape(batch, k, -1), t, self.alpha)
+    log_probs = (logits - steps.logsumexp(logits)).reshape(batch, k, -1)
+    if 'prefix' in beams:
+      raw = None
+      if self.no_repeat_ngram_size or self.repetition_penalty != 1.0:
+        raw = steps.no_pad(raw_logits)
+        raw = (raw - steps.logsumexp(raw)).reshape(batch, k, -1)
+      log_probs = target_prefix.force(log_probs, beams['prefix'], t, raw)
+    new, parent = _gnmt_update(beams, log_probs, t, self.alpha)
+    if 'prefix' in beams:
+      new['prefix'] = beams['prefix']
+    return new, parent
 
   def done(self, beams, t, length):
     """No alive beam left, or none can beat the worst finished.

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from xfmr_jax import beam_search as beam_lib
 from xfmr_jax import decode_steps as steps
-from xfmr_jax import repetition
+from xfmr_jax import repetition, target_prefix
 from xfmr_jax import top_k as topk
 from xfmr_jax.token_ids import EOS, PAD
 
@@ -49,7 +49,7 @@ from xfmr_jax.decode_steps import (  # noqa: F401
 TRACE_COUNTS: collections.Counter = collections.Counter()
 
 
-def _autoregress(batch, length, carry, next_logits, pick):
+def _autoregress(batch, length, carry, next_logits, pick, prefix=None):
   """Shared loop of greedy decoding and sampling.
 
   Args:
@@ -57,6 +57,8 @@ def _autoregress(batch, length, carry, next_logits, pick):
     next_logits: ``(carry, out, t) -> (logits [batch, vocab], carry)`` for
       position t, given the tokens ``out [batch, length]`` emitted before t.
     pick: ``(logits [batch, vocab], out, t) -> tokens [batch]``.
+    prefix: None, or ``[batch, p]`` target prefixes
+      (:mod:`xfmr_jax.target_prefix`), emitted in place of ``pick``'s tokens.
 
   Returns:
     ``[batch, length]`` int32 tokens, 0 after EOS.
@@ -68,7 +70,11 @@ def _autoregress(batch, length, carry, next_logits, pick):
   def body(state):
     t, out, done, carry = state
     logits, carry = next_logits(carry, out, t)
-    token = jnp.where(done, PAD, pick(steps.no_pad(logits), out, t))
+    token = pick(steps.no_pad(logits), out, t)
+    if prefix is not None:
+      inside, prefix_token = target_prefix.forced(prefix, t)
+      token = jnp.where(inside, prefix_token, token)
+    token = jnp.where(done, PAD, token)
     return t + 1, out.at[:, t].set(token), done | (token == EOS), carry
 
   init = (0, jnp.zeros((batch, length), jnp.int32), jnp.zeros((batch,), bool),
@@ -76,15 +82,17 @@ def _autoregress(batch, length, carry, next_logits, pick):
   return jax.lax.while_loop(cond, body, init)[1]
 
 
-def _cached_loop(model, params, inputs, max_decode_len, pick):
+def _cached_loop(model, params, inputs, max_decode_len, pick, prefix):
   variables = steps.as_variables(params)
   inputs = steps.split_rows(inputs)
+  if prefix is not None:
+    prefix = steps.split_rows(prefix)
   length = steps.decode_length(model.config, inputs.shape[1], max_decode_len)
   cache = steps.init_cache(model, variables, inputs, length)
   next_logits = lambda cache, out, t: steps.step(model, variables, cache,
                                                  inputs, out, t, length)
   return steps.replicated(_autoregress(inputs.shape[0], length, cache,
-                                       next_logits, pick))
+                                       next_logits, pick, prefix))
 
 
 def _argmax(logits, out, t):
@@ -110,7 +118,8 @@ def _after_repetition(pick, no_repeat_ngram_size, repetition_penalty):
 @functools.partial(jax.jit, static_argnames=(
     'model', 'max_decode_len', 'no_repeat_ngram_size', 'repetition_penalty'))
 def greedy_decode(model, params, inputs, *, max_decode_len=None,
-                  no_repeat_ngram_size=0, repetition_penalty=1.0):
+                  no_repeat_ngram_size=0, repetition_penalty=1.0,
+                  prefix=None):
   """Greedy decoding with the KV cache.
 
   Args:
@@ -120,13 +129,15 @@ def greedy_decode(model, params, inputs, *, max_decode_len=None,
     max_decode_len: static; default ``s + 50`` capped by ``config.max_len``.
     no_repeat_ngram_size, repetition_penalty: static; anti-repetition
       (:mod:`xfmr_jax.repetition`; 0 and 1.0: off).
+    prefix: None, or ``[batch, p]`` int32 target prefixes, 0-padded: each
+      output starts with its prefix (:mod:`xfmr_jax.target_prefix`).
 
   Returns:
     int32 ``[batch, max_decode_len]`` tokens.
   """
   TRACE_COUNTS['greedy_decode'] += 1
   return _cached_loop(model, params, inputs, max_decode_len, _after_repetition(
-      _argmax, no_repeat_ngram_size, repetition_penalty))
+      _argmax, no_repeat_ngram_size, repetition_penalty), prefix)
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'max_decode_len'))
@@ -182,7 +193,7 @@ def _filter_logits(logits, temperature, top_k, top_p):
     'no_repeat_ngram_size', 'repetition_penalty'))
 def sample(model, params, inputs, rng, *, temperature=1.0, top_k=0,
            top_p=1.0, max_decode_len=None, no_repeat_ngram_size=0,
-           repetition_penalty=1.0):
+           repetition_penalty=1.0, prefix=None):
   """Ancestral sampling with the KV cache.
 
   Args:
@@ -204,7 +215,7 @@ def sample(model, params, inputs, rng, *, temperature=1.0, top_k=0,
       return jax.random.categorical(jax.random.fold_in(rng, t), logits,
                                     axis=-1).astype(jnp.int32)
   return _cached_loop(model, params, inputs, max_decode_len, _after_repetition(
-      pick, no_repeat_ngram_size, repetition_penalty))
+      pick, no_repeat_ngram_size, repetition_penalty), prefix)
 
 
 # ------------------------------------------------------------- beam search --
@@ -214,7 +225,7 @@ def sample(model, params, inputs, rng, *, temperature=1.0, top_k=0,
     'num_hypotheses', 'no_repeat_ngram_size', 'repetition_penalty'))
 def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
                 max_decode_len=None, compact=True, num_hypotheses=None,
-                no_repeat_ngram_size=0, repetition_penalty=1.0):
+                no_repeat_ngram_size=0, repetition_penalty=1.0, prefix=None):
   """Beam search with the GNMT length penalty (paper: beam 4, alpha 0.6):
   :func:`xfmr_jax.beam_search.loop` under :class:`xfmr_jax.beam_search.GNMT`.
 
@@ -224,7 +235,8 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
       are the same either way).
     num_hypotheses: static; None, or ``n <= beam_size`` for the n best.
     Other arguments as in :func:`greedy_decode`; the anti-repetition rules
-    act on each beam's logits before the log-softmax.
+    act on each beam's logits before the log-softmax, and a prefix's tokens
+    count in ``log p`` (:func:`xfmr_jax.target_prefix.force`).
 
   Returns:
     ``(tokens [batch, max_decode_len] int32, scores [batch] float32)``: the
@@ -240,7 +252,7 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
   rules = beam_lib.GNMT(alpha, no_repeat_ngram_size, repetition_penalty)
   return beam_lib.loop(model, params, inputs, rules, beam_size=beam_size,
                        max_decode_len=max_decode_len, compact=compact,
-                       num_hypotheses=num_hypotheses)
+                       num_hypotheses=num_hypotheses, prefix=prefix)
 
 
 # ------------------------------------------------------ scoring and maps --

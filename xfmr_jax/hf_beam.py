@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from xfmr_jax import beam_search as beam_lib
-from xfmr_jax import decode, decode_steps
+from xfmr_jax import decode, decode_steps, target_prefix
 from xfmr_jax import top_k as topk
 from xfmr_jax.token_ids import EOS, PAD
 
@@ -124,6 +124,8 @@ class Generate:
         all_ended=jnp.zeros((), bool))
 
   def update(self, beams, logits, t, length):
+    if 'prefix' in beams:
+      raise target_prefix.PrefixError(target_prefix.NOT_UNDER_HF)
     alpha = self.alpha
     k = beams['alive_logp'].shape[1]
     top_logp, parent, token = _best_extensions(
@@ -175,7 +177,7 @@ class Generate:
     'num_hypotheses'))
 def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
                 max_decode_len=None, force_eos=True, compact=True,
-                num_hypotheses=None):
+                num_hypotheses=None, prefix=None):
   """``generate(num_beams=beam_size, length_penalty=alpha)`` in JAX:
   :func:`xfmr_jax.beam_search.loop` under :class:`Generate`.
 
@@ -186,6 +188,7 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
     max_decode_len: static; default ``s + 50`` capped by ``config.max_len``.
     force_eos: static; force EOS at the last position (``forced_eos_token_id``).
     compact: static; as in :func:`xfmr_jax.beam_search.search`.
+    prefix: must be None: target prefixes are GNMT's (a ValueError here).
 
   Returns:
     ``(tokens [batch, max_decode_len] int32, scores [batch] float32)``: the
@@ -196,4 +199,5 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
   decode.TRACE_COUNTS['hf_beam_search'] += 1
   return beam_lib.loop(model, params, inputs, Generate(alpha, force_eos),
                        beam_size=beam_size, max_decode_len=max_decode_len,
-                       compact=compact, num_hypotheses=num_hypotheses)
+                       compact=compact, num_hypotheses=num_hypotheses,
+                       prefix=prefix)

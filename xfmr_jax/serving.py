@@ -210,7 +210,8 @@ class ExportedTranslator:
     encoded = [self.encode(t, i, too_long) for i, t in enumerate(texts)]
     return source_batches.translate_in_order(
         encoded, self.batch_size, self.max_input,
-        lambda rows, _: self.translate_encoded(rows, beam_size), self.buckets)
+        lambda chunk, _: self.translate_encoded([encoded[i] for i in chunk],
+                                                beam_size), self.buckets)
 
 
 def load(path: str) -> ExportedTranslator:

@@ -85,11 +85,12 @@ def translate_in_order(encoded: Sequence[list[int] | None], batch_size: int,
                        buckets: Sequence[int] = BUCKETS,
                        empty: Any = '') -> list:
   """Texts for ``encoded`` in order (``empty`` where ``None``), one
-  ``translate_chunk(rows, width) -> list`` call per :func:`plan` entry."""
+  ``translate_chunk(chunk, width) -> list`` call per :func:`plan` entry
+  (``chunk``: the indices into ``encoded`` of its rows, which lets a caller
+  bring along other per-text inputs)."""
   out = [empty] * len(encoded)
   for chunk, width in plan(encoded, batch_size, max_input, buckets):
-    for i, text in zip(chunk, translate_chunk([encoded[i] for i in chunk],
-                                              width)):
+    for i, text in zip(chunk, translate_chunk(chunk, width)):
       out[i] = text
   return out
 
