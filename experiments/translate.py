@@ -12,6 +12,16 @@ one per output line in the Moses n-best format
 ``LINE ||| TRANSLATION ||| SCORE ||| LOG_PROB``: ``LINE`` counts input lines
 from 0, ``SCORE`` is what the beam search ranks by (log p normalised for
 length), ``LOG_PROB`` the plain log-probability. An empty line prints none.
+
+``--prefixes=FILE`` gives each line a target prefix, the line of FILE with the
+same number (an empty line: none): its translation starts with that prefix,
+and the decoder continues from there (interactive translation). FILE must have
+as many lines as the input.
+
+``--alignments`` prints ``TRANSLATION ||| LINKS`` per line, ``LINKS`` being
+``SOURCE_WORD-TRANSLATION_WORD`` index pairs (from 0, words split at
+whitespace), from the cross-attention of ``--alignment_layer`` (default the
+penultimate decoder layer); see :mod:`xfmr_jax.alignment`.
 """
 from __future__ import annotations
 
@@ -48,6 +58,15 @@ _NO_REPEAT = flags.DEFINE_integer(
 _PENALTY = flags.DEFINE_float(
     'repetition_penalty', 1.0, 'Make tokens an output already has less '
     'likely by this factor (1: off).')
+_PREFIXES = flags.DEFINE_string(
+    'prefixes', None, 'A file of target prefixes, one per input line (an '
+    'empty line: none); each translation starts with its prefix.')
+_ALIGN = flags.DEFINE_boolean(
+    'alignments', False, 'Print each translation with its word alignment: '
+    'TRANSLATION ||| 0-0 1-2 ...')
+_ALIGN_LAYER = flags.DEFINE_integer(
+    'alignment_layer', None, 'The decoder layer whose cross-attention aligns '
+    '(default the penultimate; negative counts from the last).')
 _TOO_LONG = flags.DEFINE_enum('too_long', 'truncate', ['truncate', 'error'],
                               'What to do with over-long lines.')
 
@@ -83,6 +102,13 @@ def check_flags() -> None:
   if _NBEST.value and _TEMPERATURE.value > 0:
     entry.fail('--nbest needs beam search; it cannot be used with '
                '--temperature > 0')
+  if _ALIGN.value and _NBEST.value:
+    entry.fail('--alignments and --nbest cannot be combined: alignments are '
+               'printed for the best translation')
+  if _ALIGN_LAYER.value is not None and not _ALIGN.value:
+    entry.fail('--alignment_layer needs --alignments')
+  if _PREFIXES.value is not None and not os.path.isfile(_PREFIXES.value):
+    entry.fail(f'--prefixes {_PREFIXES.value!r} is not a file')
   if not os.path.isdir(_WORKDIR.value):
     entry.fail(f'--workdir {_WORKDIR.value!r} is not a directory')
 
@@ -91,6 +117,15 @@ def main(argv):
   if len(argv) > 1:
     entry.fail(f'unexpected arguments: {argv[1:]}')
   check_flags()
+  lines = read_lines(sys.stdin.buffer)  # read before the model loads
+  prefixes = None
+  if _PREFIXES.value is not None:
+    with open(_PREFIXES.value, 'rb') as f:
+      prefixes = read_lines(f)
+    if len(prefixes) != len(lines):
+      entry.fail(f'--prefixes has {len(prefixes)} lines but the input has '
+                 f'{len(lines)}: give one prefix line (maybe empty) per input '
+                 'line')
   entry.quiet_libraries()
   from xfmr_jax.translate import Translator
   chosen = {name: flag.value for name, flag in (('alpha', _ALPHA),
@@ -103,12 +138,24 @@ def main(argv):
       top_k=_TOP_K.value, top_p=_TOP_P.value, seed=_SEED.value,
       no_repeat_ngram_size=_NO_REPEAT.value,
       repetition_penalty=_PENALTY.value)
-  lines = read_lines(sys.stdin.buffer)
   if _NBEST.value:
-    sys.stdout.write(''.join(nbest_lines(translator.nbest(lines,
-                                                          _NBEST.value))))
+    sys.stdout.write(''.join(nbest_lines(translator.nbest(
+        lines, _NBEST.value, prefixes))))
+  elif _ALIGN.value:
+    from xfmr_jax import alignment
+    layers = translator.model.config.num_decoder_layers
+    if _ALIGN_LAYER.value is not None:
+      try:
+        alignment.check_layer(_ALIGN_LAYER.value, layers)
+      except ValueError as e:
+        entry.fail(str(e))
+    sys.stdout.write(''.join(
+        f"{a.text} ||| {' '.join(f'{s}-{o}' for s, o in a.links)}\n"
+        for a in translator.align(lines, prefixes,
+                                  layer=_ALIGN_LAYER.value)))
   else:
-    sys.stdout.write(''.join(line + '\n' for line in translator(lines)))
+    sys.stdout.write(''.join(line + '\n'
+                             for line in translator(lines, prefixes)))
 
 
 def nbest_lines(nbest) -> list[str]:

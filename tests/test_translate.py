@@ -63,7 +63,8 @@ def test_compilations_are_bounded_by_buckets(translator):
 def test_a_call_pads_its_rows_to_a_power_of_two(translator, monkeypatch):
   rows, decode_ids = [], translator.decode_ids
   monkeypatch.setattr(translator, 'decode_ids',
-                      lambda x: rows.append(len(x)) or decode_ids(x))
+                      lambda x, prefix: rows.append(len(x)) or
+                      decode_ids(x, prefix))
   for n in (1, 3, 8, 9):  # batch_size 8
     out = translator(['drag glipos'] * n)
     assert len(out) == n and len(set(out)) == 1
@@ -110,6 +111,20 @@ def test_scores_equal_a_float64_teacher_forced_computation(translator,
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+def gnmt_log_prob(translator, source, text):
+  """``log p(text + EOS | source)`` in float64 by teacher forcing through the
+  cached step decoder, the pad id banned as GNMT's search bans it."""
+  tok = translator.tokenizer
+  src = np.array([tok.encode(source) + [EOS]], np.int32)
+  tgt = np.array([tok.encode_target(text) + [EOS]], np.int32)
+  logits = np.asarray(decode.cached_logits(translator.model, translator.params,
+                                           src, tgt), np.float64)[0]
+  logits[:, PAD] = -np.inf
+  logits -= logits.max(-1, keepdims=True)
+  log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  return log_p[np.arange(tgt.shape[1]), tgt[0]].sum()
+
+
 def test_nbest_lists_rank_hypotheses_the_model_scores_alike(
     beam_translator, data_dir):
   """The n-best list's first entry is the translation; the entries are
@@ -126,18 +141,9 @@ def test_nbest_lists_rank_hypotheses_the_model_scores_alike(
     assert len({h.text for h in hyps}) == 3
     assert [h.score for h in hyps] == sorted((h.score for h in hyps),
                                              reverse=True)
-    tok = beam_translator.tokenizer
-    src = np.array([tok.encode(sources[i]) + [EOS]], np.int32)
     for h in hyps:
-      tgt = np.array([tok.encode(h.text) + [EOS]], np.int32)
-      logits = np.asarray(decode.cached_logits(
-          beam_translator.model, beam_translator.params, src, tgt),
-          np.float64)[0]
-      logits[:, PAD] = -np.inf  # GNMT's search never emits the pad id
-      logits -= logits.max(-1, keepdims=True)
-      log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-      want = log_p[np.arange(tgt.shape[1]), tgt[0]].sum()
-      assert h.log_prob == pytest.approx(want, abs=1e-4)
+      assert h.log_prob == pytest.approx(
+          gnmt_log_prob(beam_translator, sources[i], h.text), abs=1e-4)
       assert h.log_prob <= h.score < 0  # the penalty divides by >= 1
   with pytest.raises(ValueError, match='between 1 and the beam size 4'):
     beam_translator.nbest(sources, 5)
@@ -145,6 +151,49 @@ def test_nbest_lists_rank_hypotheses_the_model_scores_alike(
                        beam_translator.tokenizer, beam_size=4, temperature=1.0)
   with pytest.raises(ValueError, match='n-best lists come from beam search'):
     sampler.nbest(sources, 2)
+
+
+def test_a_prefix_starts_the_translation_and_the_model_goes_on(
+    translator, beam_translator, data_dir):
+  """Greedy from its own first words gives its translation back; a prefix
+  it would not choose (another sentence's first word) starts every output
+  and n-best hypothesis, whose log_prob counts the prefix's tokens; a text
+  without a prefix translates as it does alone."""
+  test = data.get_source('toy_translate/small', 'test', str(data_dir))
+  sources = [test[i][0] for i in range(4)]
+  plain = translator(sources)
+  own = [' '.join(t.split()[:2]) for t in plain]
+  assert translator(sources, own) == plain
+  other = [plain[(i + 1) % 4].split()[0] for i in range(4)]
+  other[1] = None
+  assert other[0] != plain[0].split()[0]
+  for t in (translator, beam_translator):
+    out = t(sources, other)
+    assert out[1] == t([sources[1]])[0]
+    for i in (0, 2, 3):
+      assert out[i].split()[0] == other[i], (out[i], other[i])
+  for i, hyps in enumerate(beam_translator.nbest(sources, 2, other)):
+    for h in hyps:
+      assert i == 1 or h.text.split()[0] == other[i]
+      assert h.log_prob == pytest.approx(
+          gnmt_log_prob(beam_translator, sources[i], h.text), abs=1e-4)
+
+
+def test_bad_prefixes_are_one_clear_error_each(translator, beam_translator):
+  limit = translator.model.config.max_len
+  for texts, prefixes, match in (
+      (['a b'], ['a', 'b'], '1 texts but 2 prefixes'),
+      (['a b', ''], [None, 'a'], 'text 1 is empty but has a prefix'),
+      (['a b'], [' '.join(['a'] * limit)], f'prefix 0 has .* at most '
+       f'{limit - 1}')):
+    with pytest.raises(ValueError, match=match):
+      translator(texts, prefixes)
+  hf = Translator(beam_translator.model, beam_translator.params,
+                  beam_translator.tokenizer, beam_size=2, beam_rules='hf')
+  with pytest.raises(ValueError, match="not under generate's rules"):
+    hf(['a b'], ['a'])
+  with pytest.raises(ValueError, match="not under generate's rules"):
+    hf.nbest(['a b'], 1, ['a'])
 
 
 def test_anti_repetition_settings_reach_the_decoder(translator, data_dir):
@@ -206,20 +255,33 @@ def test_cli_round_trip_with_bad_lines(workdir, translator, data_dir):
   assert b'truncated' in result.stderr
 
 
-def test_cli_nbest_and_sampling_flags(workdir, data_dir, beam_translator):
+def test_cli_nbest_prefix_and_sampling_flags(workdir, data_dir,
+                                            beam_translator, tmp_path):
   test = data.get_source('toy_translate/small', 'test', str(data_dir))
   sources = [test[0][0], '', test[1][0]]
   stdin = ('\n'.join(sources) + '\n').encode()
+  prefixes = tmp_path / 'prefixes.txt'
+  prefixes.write_text('\n\n' + beam_translator([sources[0]])[0].split()[0] +
+                      '\n')
   beam = run_cli(stdin, f'--workdir={workdir}', '--beam_size=4', '--alpha=0.6',
-                 '--nbest=2')
+                 '--nbest=2', f'--prefixes={prefixes}')
   sampled = run_cli(stdin, f'--workdir={workdir}', '--temperature=0.7',
-                    '--top_k=5', '--seed=3')
+                    '--top_k=5', '--seed=3', '--alignments',
+                    '--alignment_layer=-1')
   for r in (beam, sampled):
     assert r.returncode == 0, r.stderr.decode()
-  assert len(sampled.stdout.decode().splitlines()) == 3
+  # TRANSLATION ||| SOURCE-OUTPUT word links
+  aligned = [line.split(' ||| ') for line in sampled.stdout.decode().split(
+      '\n')[:-1]]
+  assert len(aligned) == 3 and aligned[1] == ['', '']
+  for (text, links), source in zip(aligned[::2], sources[::2]):
+    pairs = [tuple(map(int, link.split('-'))) for link in links.split()]
+    assert pairs and all(0 <= s < len(source.split()) and
+                         0 <= o < len(text.split()) for s, o in pairs)
   # LINE ||| TRANSLATION ||| SCORE ||| LOG_PROB, two per non-empty line.
   rows = [line.split(' ||| ') for line in beam.stdout.decode().splitlines()]
-  want = beam_translator.nbest(sources, 2)
+  want = beam_translator.nbest(sources, 2,
+                               prefixes.read_text().split('\n')[:3])
   assert [r[0] for r in rows] == ['0', '0', '2', '2']
   for r, h in zip(rows, want[0] + want[2]):
     assert r[1] == h.text

@@ -17,15 +17,17 @@ from typing import NamedTuple, Sequence
 import jax
 import numpy as np
 
+from xfmr_jax import alignment
 from xfmr_jax import beam_search as beam_lib
 from xfmr_jax import decode, hf_beam, repetition, source_batches
+from xfmr_jax import target_prefix
 from xfmr_jax.model import SequenceModel
 from xfmr_jax.source_batches import BUCKETS, InputTooLong
 from xfmr_jax.token_ids import EOS
 from xfmr_jax.tokenizer import Tokenizer
 from xfmr_jax.workdir import Workdir
 
-__all__ = ['BEAM_RULES', 'BUCKETS', 'Hypothesis', 'InputTooLong',
+__all__ = ['Aligned', 'BEAM_RULES', 'BUCKETS', 'Hypothesis', 'InputTooLong',
            'Translator', 'search']
 
 
@@ -34,26 +36,29 @@ BEAM_RULES = ('gnmt', 'hf')
 
 def search(model: SequenceModel, params, inputs, *, beam_size: int,
            alpha: float, beam_rules: str, max_decode_len: int,
-           no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0):
+           no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
+           prefix=None):
   """``[batch, s]`` source ids -> ``[batch, max_decode_len]`` output ids:
   greedy for ``beam_size`` 1, else beam search under ``beam_rules`` ('gnmt':
   :func:`xfmr_jax.decode.beam_search`; 'hf': :func:`xfmr_jax.hf_beam.
   beam_search`, Hugging Face ``generate``'s scoring), with the
-  anti-repetition settings of :mod:`xfmr_jax.repetition` (not under 'hf').
-  Traceable: the exported translator (:mod:`xfmr_jax.export`) runs this same
-  function."""
+  anti-repetition settings of :mod:`xfmr_jax.repetition` and target
+  prefixes ``[batch, p]`` of :mod:`xfmr_jax.target_prefix` (neither under
+  'hf'). Traceable: the exported translator (:mod:`xfmr_jax.export`) runs
+  this same function."""
   repeat = dict(no_repeat_ngram_size=no_repeat_ngram_size,
                 repetition_penalty=repetition_penalty)
   if beam_size == 1:
-    return decode.greedy_decode(model, params, inputs,
+    return decode.greedy_decode(model, params, inputs, prefix=prefix,
                                 max_decode_len=max_decode_len, **repeat)
   if beam_rules == 'hf':
     out, _ = hf_beam.beam_search(model, params, inputs, beam_size=beam_size,
-                                 alpha=alpha, max_decode_len=max_decode_len)
+                                 alpha=alpha, max_decode_len=max_decode_len,
+                                 prefix=prefix)
   else:
     out, _ = decode.beam_search(model, params, inputs, beam_size=beam_size,
                                 alpha=alpha, max_decode_len=max_decode_len,
-                                **repeat)
+                                prefix=prefix, **repeat)
   return out
 
 
@@ -73,6 +78,20 @@ class Hypothesis(NamedTuple):
   text: str
   score: float
   log_prob: float
+
+
+class Aligned(NamedTuple):
+  """A translation with its word alignment (:meth:`Translator.align`).
+
+  Attributes:
+    text: the translation.
+    links: sorted ``(source word, translation word)`` index pairs, words
+      being the whitespace-separated ones of each text: each translation
+      word's tokens linked to the source words they attend to most
+      (:mod:`xfmr_jax.alignment`).
+  """
+  text: str
+  links: list[tuple[int, int]]
 
 
 def beam_settings(config) -> dict:
@@ -148,20 +167,28 @@ class Translator:
     """Smallest bucket holding ``length`` tokens (never above ``limit``)."""
     return source_batches.bucket(length, limit)
 
-  def decode_ids(self, inputs: np.ndarray) -> np.ndarray:
-    """``[batch, s]`` padded source ids -> ``[batch, t]`` output ids."""
-    length = decode.decode_length(self.model.config, inputs.shape[1],
-                                  extra=self.max_decode_extra)
+  def decode_length(self, width: int, prefix_width: int = 0) -> int:
+    """Output positions for sources of ``width``: ``max_decode_extra`` past
+    the longer of the sources and the prefixes, within the model's limit."""
+    return decode.decode_length(self.model.config, width,
+                                max(width, prefix_width) +
+                                self.max_decode_extra)
+
+  def decode_ids(self, inputs: np.ndarray, prefix=None) -> np.ndarray:
+    """``[batch, s]`` padded source ids (and optional ``[batch, p]`` target
+    prefixes) -> ``[batch, t]`` output ids."""
+    length = self.decode_length(inputs.shape[1],
+                                0 if prefix is None else prefix.shape[1])
     if self.temperature > 0:
       self._rng, key = jax.random.split(self._rng)
       out = decode.sample(self.model, self.params, inputs, key,
                           temperature=self.temperature, top_k=self.top_k,
                           top_p=self.top_p, max_decode_len=length,
-                          **self.repeat)
+                          prefix=prefix, **self.repeat)
     else:
       out = search(self.model, self.params, inputs, beam_size=self.beam_size,
                    alpha=self.alpha, beam_rules=self.beam_rules,
-                   max_decode_len=length, **self.repeat)
+                   max_decode_len=length, prefix=prefix, **self.repeat)
     return np.asarray(out)
 
   def _encode(self, texts: Sequence[str]) -> list[list[int] | None]:
@@ -177,19 +204,62 @@ class Translator:
                        "beam_rules 'gnmt' (and greedy or sampling), not under "
                        "generate's rules ('hf')")
 
-  def __call__(self, texts: Sequence[str]) -> list[str]:
-    """Translations of ``texts`` in order; an empty input gives ''."""
-    encoded = self._encode(texts)
+  def _encode_prefixes(self, prefixes, encoded, beam_loop: bool):
+    """Each text's prefix ids (``None``: no prefix), checked; ``beam_loop``:
+    decoded by a beam search loop (so not under generate's rules)."""
+    if prefixes is None:
+      return [None] * len(encoded)
+    if len(prefixes) != len(encoded):
+      raise target_prefix.PrefixError(
+          f'{len(encoded)} texts but {len(prefixes)} prefixes')
+    ids = [self.tokenizer.encode_target(p) if p and p.strip() else None
+           for p in prefixes]
+    if any(ids) and beam_loop and self.beam_rules == 'hf':
+      raise target_prefix.PrefixError(target_prefix.NOT_UNDER_HF)
+    for i, (source, prefix) in enumerate(zip(encoded, ids)):
+      if source is None and prefix:
+        raise target_prefix.PrefixError(
+            f'text {i} is empty but has a prefix; there is no source to '
+            'continue it from')
+    target_prefix.check(ids, self.model.config.max_len)
+    return ids
 
-    def translate_chunk(rows, width):
-      outputs = self.decode_ids(source_batches.pad_rows(rows, width,
-                                                        self.batch_size))
-      return [self.tokenizer.decode(outputs[r]) for r in range(len(rows))]
+  def _batch(self, chunk, width, encoded, prefix_ids):
+    """A chunk's ``[n, width]`` sources and ``[n, p]`` prefixes (None when
+    none of its texts has one, which decodes as without the option)."""
+    inputs = source_batches.pad_rows([encoded[i] for i in chunk], width,
+                                     self.batch_size)
+    rows = [prefix_ids[i] for i in chunk]
+    if not any(rows):
+      return inputs, None
+    p = self.bucket(max(len(r or ()) for r in rows),
+                    self.model.config.max_len - 1)
+    target_prefix.check(rows, self.decode_length(width, p))
+    return inputs, target_prefix.pad(rows, len(inputs), p)
+
+  def __call__(self, texts: Sequence[str],
+               prefixes: Sequence[str | None] | None = None) -> list[str]:
+    """Translations of ``texts`` in order; an empty input gives ''.
+
+    ``prefixes``: per text, a target prefix the translation must start with
+    (None or '' for none; :mod:`xfmr_jax.target_prefix`). It is tokenized on
+    its own, so it should end at a word boundary; the translation holds it.
+    """
+    encoded = self._encode(texts)
+    prefix_ids = self._encode_prefixes(prefixes, encoded,
+                                       self.beam_size > 1 and
+                                       self.temperature == 0)
+
+    def translate_chunk(chunk, width):
+      outputs = self.decode_ids(*self._batch(chunk, width, encoded,
+                                             prefix_ids))
+      return [self.tokenizer.decode(outputs[r]) for r in range(len(chunk))]
     return source_batches.translate_in_order(encoded, self.batch_size,
                                              self.max_input, translate_chunk)
 
-  def nbest(self, texts: Sequence[str],
-            num_hypotheses: int) -> list[list[Hypothesis]]:
+  def nbest(self, texts: Sequence[str], num_hypotheses: int,
+            prefixes: Sequence[str | None] | None = None
+            ) -> list[list[Hypothesis]]:
     """The ``num_hypotheses`` best translations of each text, best first.
 
     The beam search of this translator (``beam_size`` beams, 1 being greedy,
@@ -197,7 +267,8 @@ class Translator:
     best finished hypotheses. Where a sentence finished fewer (the output
     limit reached first), its best unfinished ones follow; a list can be
     shorter than asked where the search held fewer distinct hypotheses. An
-    empty text gets an empty list.
+    empty text gets an empty list. ``prefixes`` as in :meth:`__call__`
+    (a hypothesis' ``log_prob`` counts its prefix's tokens).
 
     Raises:
       ValueError: ``num_hypotheses`` not in ``1..beam_size``, or a sampling
@@ -210,28 +281,70 @@ class Translator:
       raise ValueError('n-best lists come from beam search; this translator '
                        f'samples (temperature {self.temperature})')
     encoded = self._encode(texts)
+    prefix_ids = self._encode_prefixes(prefixes, encoded, True)
     if self.beam_rules == 'hf':
       self._refuse_repetition_under_hf()  # its beam loop, even at beam 1
       beam = hf_beam.beam_search
     else:
       beam = functools.partial(decode.beam_search, **self.repeat)
 
-    def chunk_nbest(rows, width):
-      inputs = source_batches.pad_rows(rows, width, self.batch_size)
-      length = decode.decode_length(self.model.config, width,
-                                    extra=self.max_decode_extra)
+    def chunk_nbest(chunk, width):
+      inputs, prefix = self._batch(chunk, width, encoded, prefix_ids)
       tokens, scores, log_probs = map(np.asarray, beam(
           self.model, self.params, inputs, beam_size=self.beam_size,
-          alpha=self.alpha, max_decode_len=length,
-          num_hypotheses=num_hypotheses))
+          alpha=self.alpha, max_decode_len=self.decode_length(
+              width, 0 if prefix is None else prefix.shape[1]),
+          num_hypotheses=num_hypotheses, prefix=prefix))
       return [[Hypothesis(self.tokenizer.decode(tokens[r, j]),
                           float(scores[r, j]), float(log_probs[r, j]))
                for j in range(num_hypotheses)
                if scores[r, j] > beam_lib.NEG_INF / 2]
-              for r in range(len(rows))]
+              for r in range(len(chunk))]
     out = source_batches.translate_in_order(
         encoded, self.batch_size, self.max_input, chunk_nbest, empty=None)
     return [[] if hyps is None else hyps for hyps in out]
+
+  def align(self, texts: Sequence[str],
+            prefixes: Sequence[str | None] | None = None, *,
+            layer: int | None = None) -> list[Aligned]:
+    """Translations of ``texts`` (as :meth:`__call__` gives them) with their
+    word alignments, from the cross-attention of decoder ``layer`` (default:
+    the penultimate, :func:`xfmr_jax.alignment.default_layer`) over the
+    decoded output. An empty text gets ``Aligned('', [])``.
+
+    Raises:
+      ValueError: a layer the decoder does not have, or a model whose
+        attention weights are not drawn (not an encoder-decoder with full
+        attention).
+    """
+    if layer is not None:
+      layer = alignment.check_layer(layer, self.model.config.num_decoder_layers)
+    encoded = self._encode(texts)
+    prefix_ids = self._encode_prefixes(prefixes, encoded,
+                                       self.beam_size > 1 and
+                                       self.temperature == 0)
+
+    def chunk_aligned(chunk, width):
+      inputs, prefix = self._batch(chunk, width, encoded, prefix_ids)
+      outputs = self.decode_ids(inputs, prefix)
+      positions = np.asarray(alignment.source_positions(
+          self.model, self.params, inputs, outputs, layer=layer))
+      return [Aligned(self.tokenizer.decode(outputs[r]),
+                      self._word_links(encoded[i], outputs[r], positions[r]))
+              for r, i in enumerate(chunk)]
+    return source_batches.translate_in_order(
+        encoded, self.batch_size, self.max_input, chunk_aligned,
+        empty=Aligned('', []))
+
+  def _word_links(self, source_ids, output_ids, positions):
+    """Token positions -> word links (:func:`xfmr_jax.alignment.word_links`)
+    for one EOS-terminated source and its output."""
+    words = lambda ids: alignment.word_starts(
+        [self.tokenizer.id_to_piece(int(i)) for i in ids])
+    output = [int(x) for x in output_ids]
+    output = output[:output.index(EOS)] if EOS in output else output
+    return alignment.word_links(words(source_ids[:-1]), words(output),
+                                positions)
 
   def score(self, sources: Sequence[str],
             targets: Sequence[str]) -> list[np.ndarray]:
@@ -259,7 +372,7 @@ class Translator:
       raise ValueError(f'source {empty[0]} is empty; there is nothing to '
                        'score its target against')
     limit = self.model.config.max_len
-    wanted = [self.tokenizer.encode(t) + [EOS] for t in targets]
+    wanted = [self.tokenizer.encode_target(t) + [EOS] for t in targets]
     for i, ids in enumerate(wanted):
       if len(ids) > limit:
         raise ValueError(f'target {i} has {len(ids)} tokens, more than the '
