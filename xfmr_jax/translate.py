@@ -204,9 +204,12 @@ class Translator:
                        "beam_rules 'gnmt' (and greedy or sampling), not under "
                        "generate's rules ('hf')")
 
-  def _encode_prefixes(self, prefixes, encoded, beam_loop: bool):
+  def _encode_prefixes(self, prefixes, encoded, beam_loop: bool | None = None):
     """Each text's prefix ids (``None``: no prefix), checked; ``beam_loop``:
-    decoded by a beam search loop (so not under generate's rules)."""
+    decoded by a beam search loop, so not under generate's rules (default:
+    what this translator's settings decode with)."""
+    if beam_loop is None:
+      beam_loop = self.beam_size > 1 and self.temperature == 0
     if prefixes is None:
       return [None] * len(encoded)
     if len(prefixes) != len(encoded):
@@ -246,9 +249,7 @@ class Translator:
     its own, so it should end at a word boundary; the translation holds it.
     """
     encoded = self._encode(texts)
-    prefix_ids = self._encode_prefixes(prefixes, encoded,
-                                       self.beam_size > 1 and
-                                       self.temperature == 0)
+    prefix_ids = self._encode_prefixes(prefixes, encoded)
 
     def translate_chunk(chunk, width):
       outputs = self.decode_ids(*self._batch(chunk, width, encoded,
@@ -320,9 +321,7 @@ class Translator:
     if layer is not None:
       layer = alignment.check_layer(layer, self.model.config.num_decoder_layers)
     encoded = self._encode(texts)
-    prefix_ids = self._encode_prefixes(prefixes, encoded,
-                                       self.beam_size > 1 and
-                                       self.temperature == 0)
+    prefix_ids = self._encode_prefixes(prefixes, encoded)
 
     def chunk_aligned(chunk, width):
       inputs, prefix = self._batch(chunk, width, encoded, prefix_ids)
