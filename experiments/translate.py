@@ -18,6 +18,11 @@ same number (an empty line: none): its translation starts with that prefix,
 and the decoder continues from there (interactive translation). FILE must have
 as many lines as the input.
 
+``--document`` reads stdin as one document instead: its sentences (split by
+the rules of ``--language``) are translated and printed between the original
+spaces, line breaks and blank lines; a sentence longer than the model's
+maximum is cut into parts at word boundaries, never truncated.
+
 ``--alignments`` prints ``TRANSLATION ||| LINKS`` per line, ``LINKS`` being
 ``SOURCE_WORD-TRANSLATION_WORD`` index pairs (from 0, words split at
 whitespace), from the cross-attention of ``--alignment_layer`` (default the
@@ -67,6 +72,12 @@ _ALIGN = flags.DEFINE_boolean(
 _ALIGN_LAYER = flags.DEFINE_integer(
     'alignment_layer', None, 'The decoder layer whose cross-attention aligns '
     '(default the penultimate; negative counts from the last).')
+_DOCUMENT = flags.DEFINE_boolean(
+    'document', False, 'Translate stdin as one document, sentence by '
+    'sentence, keeping its layout.')
+_LANGUAGE = flags.DEFINE_string(
+    'language', 'en', "The source language's code (ISO 639), whose "
+    'sentence-splitting rules --document uses.')
 _TOO_LONG = flags.DEFINE_enum('too_long', 'truncate', ['truncate', 'error'],
                               'What to do with over-long lines.')
 
@@ -105,6 +116,10 @@ def check_flags() -> None:
   if _ALIGN.value and _NBEST.value:
     entry.fail('--alignments and --nbest cannot be combined: alignments are '
                'printed for the best translation')
+  if _DOCUMENT.value and (_NBEST.value or _ALIGN.value or
+                          _PREFIXES.value is not None):
+    entry.fail('--document translates a whole text; it cannot be combined '
+               'with --nbest, --alignments or --prefixes')
   if _ALIGN_LAYER.value is not None and not _ALIGN.value:
     entry.fail('--alignment_layer needs --alignments')
   if _PREFIXES.value is not None and not os.path.isfile(_PREFIXES.value):
@@ -117,7 +132,11 @@ def main(argv):
   if len(argv) > 1:
     entry.fail(f'unexpected arguments: {argv[1:]}')
   check_flags()
-  lines = read_lines(sys.stdin.buffer)  # read before the model loads
+  # Read before the model loads.
+  if _DOCUMENT.value:
+    text = sys.stdin.buffer.read().decode('utf-8', errors='replace')
+  else:
+    lines = read_lines(sys.stdin.buffer)
   prefixes = None
   if _PREFIXES.value is not None:
     with open(_PREFIXES.value, 'rb') as f:
@@ -138,7 +157,9 @@ def main(argv):
       top_k=_TOP_K.value, top_p=_TOP_P.value, seed=_SEED.value,
       no_repeat_ngram_size=_NO_REPEAT.value,
       repetition_penalty=_PENALTY.value)
-  if _NBEST.value:
+  if _DOCUMENT.value:
+    sys.stdout.write(translator.translate_document(text, _LANGUAGE.value))
+  elif _NBEST.value:
     sys.stdout.write(''.join(nbest_lines(translator.nbest(
         lines, _NBEST.value, prefixes))))
   elif _ALIGN.value:

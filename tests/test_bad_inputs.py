@@ -124,6 +124,7 @@ def test_resuming_with_another_model_names_the_fields(data_dir, tmp_path):
     (['--nbest=2', '--alignments'], '--alignments and --nbest cannot be'),
     (['--prefixes=/nonexistent/p.txt'], "--prefixes '/nonexistent/p.txt' is "
      'not a file'),
+    (['--document', '--alignments'], '--document translates a whole text'),
     (['--workdir=/nonexistent/run'], 'is not a directory'),
 ])
 def test_translate_rejects_bad_flags(trained_workdir, flags, expected):

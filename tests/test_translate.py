@@ -235,6 +235,30 @@ def test_long_input_is_truncated_with_a_warning_or_rejected(workdir, capsys):
     strict([long_line])
 
 
+def toy_document(sources):
+  """Three sentences between paragraph breaks, indents and stray spaces."""
+  return f'  {sources[0]}\n\n\n\t{sources[1]}  \r\n\n{sources[2]}\n'
+
+
+def test_a_document_keeps_its_layout_and_long_sentences_whole(
+    translator, data_dir, capsys):
+  test = data.get_source('toy_translate/small', 'test', str(data_dir))
+  sources = [test[i][0] for i in range(3)]
+  assert (translator.translate_document(toy_document(sources)) ==
+          toy_document(translator(sources)))
+  # 200 one-token words: too long for the model (128), cut into the two
+  # halves of 100, each translated.
+  words = [w for w in 'drag plople wad vol lod peg'.split()
+           if len(translator.tokenizer.encode(w)) == 1][:2]
+  assert len(words) == 2
+  halves = [' '.join([w] * 100) for w in words]
+  assert translator.max_input < 200
+  capsys.readouterr()
+  assert (translator.translate_document(' '.join(halves)) ==
+          ' '.join(translator(halves)))
+  assert 'truncated' not in capsys.readouterr().err
+
+
 def run_cli(stdin: bytes, *flags):
   return subprocess.run([sys.executable, '-m', 'experiments.translate', *flags],
                         input=stdin, capture_output=True, cwd=ROOT, timeout=300)
@@ -253,6 +277,11 @@ def test_cli_round_trip_with_bad_lines(workdir, translator, data_dir):
   assert out[1] == ''
   assert out[0] == translator([sources[0]])[0]
   assert b'truncated' in result.stderr
+  document = toy_document(sources)
+  result = run_cli(document.encode(), f'--workdir={workdir}', '--beam_size=1',
+                   '--document', '--language=en')
+  assert result.returncode == 0, result.stderr.decode()
+  assert result.stdout.decode() == translator.translate_document(document)
 
 
 def test_cli_nbest_prefix_and_sampling_flags(workdir, data_dir,

@@ -2,6 +2,7 @@
 
     translator = Translator.from_workdir('workdir')   # loads once
     translator(['a source sentence', ''])             # -> list of str, same order
+    translator.translate_document(text)               # -> str, layout kept
 
 Inputs are padded to one of a few bucket lengths, and each call's rows to a
 power of two, so that a stream of requests of many lengths compiles the
@@ -19,7 +20,7 @@ import numpy as np
 
 from xfmr_jax import alignment
 from xfmr_jax import beam_search as beam_lib
-from xfmr_jax import decode, hf_beam, repetition, source_batches
+from xfmr_jax import decode, documents, hf_beam, repetition, source_batches
 from xfmr_jax import target_prefix
 from xfmr_jax.model import SequenceModel
 from xfmr_jax.source_batches import BUCKETS, InputTooLong
@@ -249,7 +250,10 @@ class Translator:
     its own, so it should end at a word boundary; the translation holds it.
     """
     encoded = self._encode(texts)
-    prefix_ids = self._encode_prefixes(prefixes, encoded)
+    return self._translate(encoded, self._encode_prefixes(prefixes, encoded))
+
+  def _translate(self, encoded, prefix_ids) -> list[str]:
+    """Translations of encoded texts (None: blank, giving '') in order."""
 
     def translate_chunk(chunk, width):
       outputs = self.decode_ids(*self._batch(chunk, width, encoded,
@@ -257,6 +261,32 @@ class Translator:
       return [self.tokenizer.decode(outputs[r]) for r in range(len(chunk))]
     return source_batches.translate_in_order(encoded, self.batch_size,
                                              self.max_input, translate_chunk)
+
+  def translate_document(self, text: str, language: str = 'en') -> str:
+    """The translation of a whole document, its layout kept.
+
+    ``text`` is cut into sentences (:func:`xfmr_jax.documents.split`, by the
+    rules of the source ``language``); they are translated in batches as
+    :meth:`__call__` does, and put back between the original spaces, line
+    breaks and blank lines. A sentence longer than the model takes is cut
+    into parts at word boundaries of its tokens
+    (:func:`xfmr_jax.documents.split_ids`), whose translations are joined
+    with a space: nothing is truncated, whatever ``too_long`` says.
+    """
+    doc = documents.split(text, language)
+    encoded, owner = [], []
+    for i, sentence in enumerate(doc.sentences):
+      ids = self.tokenizer.encode(sentence)
+      starts = [self.tokenizer.id_to_piece(t).startswith('\u2581')
+                for t in ids]
+      for part in documents.split_ids(ids, starts, self.max_input - 1):
+        encoded.append(part + [EOS])
+        owner.append(i)
+    parts = self._translate(encoded, [None] * len(encoded))
+    translations = [[] for _ in doc.sentences]
+    for i, part in zip(owner, parts):
+      translations[i].append(part)
+    return doc.join([' '.join(t) for t in translations])
 
   def nbest(self, texts: Sequence[str], num_hypotheses: int,
             prefixes: Sequence[str | None] | None = None
