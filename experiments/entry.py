@@ -110,12 +110,13 @@ def _classify(e: BaseException) -> int | None:
   from xfmr_jax.marian import MarianImportError
   from xfmr_jax.marian_export import MarianExportError
   from xfmr_jax.tokenizer import TokenizerError
+  from xfmr_jax.constraints import ConstraintError
   from xfmr_jax.target_prefix import PrefixError
   from xfmr_jax.translate import InputTooLong
   if isinstance(e, checkpoint.CheckpointWriteError):
     return FAILED
   if isinstance(e, (run_config.ConfigError, DataError, TokenizerError,
-                    InputTooLong, PrefixError, ArtifactError,
+                    InputTooLong, PrefixError, ConstraintError, ArtifactError,
                     MarianImportError, MarianExportError,
                     checkpoint.CheckpointError, FileNotFoundError,
                     NotADirectoryError, IsADirectoryError,

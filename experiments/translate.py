@@ -18,6 +18,11 @@ same number (an empty line: none): its translation starts with that prefix,
 and the decoder continues from there (interactive translation). FILE must have
 as many lines as the input.
 
+``--constraints=FILE`` gives each line terminology constraints, the line of
+FILE with the same number: target phrases separated by tabs (an empty line:
+none), each of which its translation must contain (beam search only; see
+:mod:`xfmr_jax.constraints`).
+
 ``--document`` reads stdin as one document instead: its sentences (split by
 the rules of ``--language``) are translated and printed between the original
 spaces, line breaks and blank lines; a sentence longer than the model's
@@ -66,6 +71,10 @@ _PENALTY = flags.DEFINE_float(
 _PREFIXES = flags.DEFINE_string(
     'prefixes', None, 'A file of target prefixes, one per input line (an '
     'empty line: none); each translation starts with its prefix.')
+_CONSTRAINTS = flags.DEFINE_string(
+    'constraints', None, 'A file of terminology constraints, one line per '
+    'input line: target phrases separated by tabs, each of which the '
+    'translation must contain (an empty line: none).')
 _ALIGN = flags.DEFINE_boolean(
     'alignments', False, 'Print each translation with its word alignment: '
     'TRANSLATION ||| 0-0 1-2 ...')
@@ -117,13 +126,21 @@ def check_flags() -> None:
     entry.fail('--alignments and --nbest cannot be combined: alignments are '
                'printed for the best translation')
   if _DOCUMENT.value and (_NBEST.value or _ALIGN.value or
-                          _PREFIXES.value is not None):
+                          _PREFIXES.value or _CONSTRAINTS.value):
     entry.fail('--document translates a whole text; it cannot be combined '
-               'with --nbest, --alignments or --prefixes')
+               'with --nbest, --alignments, --prefixes or --constraints')
+  if _CONSTRAINTS.value is not None:
+    if _BEAM.value == 1 or _TEMPERATURE.value > 0 or _PREFIXES.value:
+      entry.fail('--constraints needs beam search (--beam_size > 1, no '
+                 '--temperature) and no --prefixes')
+    if _ALIGN.value:
+      entry.fail('--constraints and --alignments cannot be combined')
   if _ALIGN_LAYER.value is not None and not _ALIGN.value:
     entry.fail('--alignment_layer needs --alignments')
-  if _PREFIXES.value is not None and not os.path.isfile(_PREFIXES.value):
-    entry.fail(f'--prefixes {_PREFIXES.value!r} is not a file')
+  for name, path in (('prefixes', _PREFIXES.value),
+                     ('constraints', _CONSTRAINTS.value)):
+    if path is not None and not os.path.isfile(path):
+      entry.fail(f'--{name} {path!r} is not a file')
   if not os.path.isdir(_WORKDIR.value):
     entry.fail(f'--workdir {_WORKDIR.value!r} is not a directory')
 
@@ -137,14 +154,11 @@ def main(argv):
     text = sys.stdin.buffer.read().decode('utf-8', errors='replace')
   else:
     lines = read_lines(sys.stdin.buffer)
-  prefixes = None
-  if _PREFIXES.value is not None:
-    with open(_PREFIXES.value, 'rb') as f:
-      prefixes = read_lines(f)
-    if len(prefixes) != len(lines):
-      entry.fail(f'--prefixes has {len(prefixes)} lines but the input has '
-                 f'{len(lines)}: give one prefix line (maybe empty) per input '
-                 'line')
+    prefixes = per_line(_PREFIXES, 'prefix', lines)
+    constraints = per_line(_CONSTRAINTS, 'constraint', lines)
+    if constraints is not None:
+      constraints = [[p for p in line.split('\t') if p] for line in
+                     constraints]
   entry.quiet_libraries()
   from xfmr_jax.translate import Translator
   chosen = {name: flag.value for name, flag in (('alpha', _ALPHA),
@@ -161,7 +175,7 @@ def main(argv):
     sys.stdout.write(translator.translate_document(text, _LANGUAGE.value))
   elif _NBEST.value:
     sys.stdout.write(''.join(nbest_lines(translator.nbest(
-        lines, _NBEST.value, prefixes))))
+        lines, _NBEST.value, prefixes, constraints))))
   elif _ALIGN.value:
     from xfmr_jax import alignment
     layers = translator.model.config.num_decoder_layers
@@ -175,8 +189,22 @@ def main(argv):
         for a in translator.align(lines, prefixes,
                                   layer=_ALIGN_LAYER.value)))
   else:
-    sys.stdout.write(''.join(line + '\n'
-                             for line in translator(lines, prefixes)))
+    sys.stdout.write(''.join(
+        line + '\n' for line in translator(lines, prefixes, constraints)))
+
+
+def per_line(flag, what: str, lines) -> list[str] | None:
+  """The lines of the file a flag names (None: no flag), one per input
+  line."""
+  if flag.value is None:
+    return None
+  with open(flag.value, 'rb') as f:
+    given = read_lines(f)
+  if len(given) != len(lines):
+    entry.fail(f'--{flag.name} has {len(given)} lines but the input has '
+               f'{len(lines)}: give one {what} line (maybe empty) per input '
+               'line')
+  return given
 
 
 def nbest_lines(nbest) -> list[str]:

@@ -196,6 +196,43 @@ def test_bad_prefixes_are_one_clear_error_each(translator, beam_translator):
     hf.nbest(['a b'], 1, ['a'])
 
 
+def test_terminology_constraints_appear_and_leave_other_texts_alone(
+    beam_translator, data_dir):
+  test = data.get_source('toy_translate/small', 'test', str(data_dir))
+  sources = [test[i][0] for i in range(6)]
+  plain = beam_translator(sources)
+  # Even texts: a word of another sentence's translation, one or two words
+  # long, that theirs lacks; odd ones: none.
+  words = sorted({w for t in plain for w in t.split()})
+  constraints = []
+  for i, out in enumerate(plain):
+    absent = [w for w in words if w not in out.split()]
+    constraints.append(None if i % 2 else
+                       [absent[i]] if i % 4 else [' '.join(absent[:2])])
+  out = beam_translator(sources, constraints=constraints)
+  for i in range(0, 6, 2):
+    assert all(phrase in out[i] for phrase in constraints[i]), (
+        constraints[i], out[i])
+  assert out[1::2] == plain[1::2]
+  hyps = beam_translator.nbest(sources[:1], 2, constraints=constraints[:1])
+  assert all(constraints[0][0] in h.text for h in hyps[0])
+
+
+def test_bad_constraints_are_one_clear_error_each(translator,
+                                                  beam_translator):
+  for texts, constraints, match in (
+      (['a b'], [['x'], None], '1 texts but 2 constraint lists'),
+      (['a b', ''], [None, ['x']], 'text 1 is empty but has constraints'),
+      (['a b'], [['horitanar', ' ']], 'constraint 1 of sentence 0 is empty'),
+      (['a b'], [['日本']], 'vocabulary lacks')):
+    with pytest.raises(ValueError, match=match):
+      beam_translator(texts, constraints=constraints)
+  with pytest.raises(ValueError, match="need GNMT's beam search"):
+    translator(['a b'], constraints=[['horitanar']])
+  with pytest.raises(ValueError, match='no target prefixes'):
+    beam_translator(['a b'], ['yitu'], [['horitanar']])
+
+
 def test_anti_repetition_settings_reach_the_decoder(translator, data_dir):
   """A translator's no_repeat_ngram_size reaches the jitted loop: its output
   ids hold no repeated bigram; bad or unsupported settings are one error."""
@@ -294,6 +331,14 @@ def test_cli_nbest_prefix_and_sampling_flags(workdir, data_dir,
                       '\n')
   beam = run_cli(stdin, f'--workdir={workdir}', '--beam_size=4', '--alpha=0.6',
                  '--nbest=2', f'--prefixes={prefixes}')
+  # Tab-separated phrases per line.
+  constraints = tmp_path / 'constraints.txt'
+  constraints.write_text('ki\tshu\n\nhoritanar\n')
+  constrained = run_cli(stdin, f'--workdir={workdir}', '--beam_size=4',
+                        f'--constraints={constraints}')
+  assert constrained.returncode == 0, constrained.stderr.decode()
+  assert constrained.stdout.decode().splitlines() == beam_translator(
+      sources, constraints=[['ki', 'shu'], None, ['horitanar']])
   sampled = run_cli(stdin, f'--workdir={workdir}', '--temperature=0.7',
                     '--top_k=5', '--seed=3', '--alignments',
                     '--alignment_layer=-1')

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from xfmr_jax import beam_cache
+from xfmr_jax import constraints as constraint_lib
 from xfmr_jax import decode_steps as steps
 from xfmr_jax import repetition, target_prefix
 from xfmr_jax import top_k as topk
@@ -106,7 +107,7 @@ def segment_sizes(batch: int) -> list[int]:
 
 def loop(model, params, inputs, rules: Rules, *, beam_size: int,
          max_decode_len=None, compact: bool = True, num_hypotheses=None,
-         prefix=None):
+         prefix=None, constraints=None):
   """Beam search under ``rules``, traceable (jit it, or call it inside a
   jitted function). Arguments as in :func:`search`."""
   variables = steps.as_variables(params)
@@ -120,6 +121,8 @@ def loop(model, params, inputs, rules: Rules, *, beam_size: int,
   beams = rules.init(batch, k, length)
   if prefix is not None:
     beams = dict(beams, prefix=steps.split_rows(prefix))
+  if constraints is not None:
+    beams = dict(beams, **constraint_lib.init(steps.split_rows(constraints), k))
   final = beams      # every sentence's beams, written back as it leaves
   where = jnp.arange(batch)  # the sentence each decoded row belongs to
   t = jnp.zeros((), jnp.int32)
@@ -183,7 +186,7 @@ def _write_back(final, beams, where):
     'num_hypotheses'))
 def search(model, params, inputs, rules: Rules, *, beam_size=4,
            max_decode_len=None, compact=True, num_hypotheses=None,
-           prefix=None):
+           prefix=None, constraints=None):
   """Beam search under any rules, one ``jax.jit``.
 
   Args:
@@ -200,6 +203,8 @@ def search(model, params, inputs, rules: Rules, *, beam_size=4,
       (``1 <= n <= beam_size``) for the n best.
     prefix: None, or ``[batch, p]`` int32 target prefixes, 0-padded
       (:mod:`xfmr_jax.target_prefix`; GNMT's rules follow them).
+    constraints: None, or ``[batch, C]`` int32 terminology constraints
+      (:func:`xfmr_jax.constraints.pack`; GNMT's rules follow them).
 
   Returns:
     the best hypothesis, ``(tokens [batch, max_decode_len] int32, scores
@@ -209,7 +214,8 @@ def search(model, params, inputs, rules: Rules, *, beam_size=4,
   """
   return loop(model, params, inputs, rules, beam_size=beam_size,
               max_decode_len=max_decode_len, compact=compact,
-              num_hypotheses=num_hypotheses, prefix=prefix)
+              num_hypotheses=num_hypotheses, prefix=prefix,
+              constraints=constraints)
 
 
 # --------------------------------------------------------------- GNMT rules --
@@ -237,7 +243,44 @@ def _gnmt_update(beams, log_probs, t, alpha):
   batch, k, vocab = log_probs.shape
   candidates = (beams['alive_logp'][..., None] + log_probs).reshape(batch, -1)
   logp, index = topk.top_k(candidates, k)
-  parent, token = index // vocab, index % vocab
+  return _extend(beams, logp, index // vocab, index % vocab, t, alpha)
+
+
+def _constrained_update(beams, log_probs, t, alpha):
+  """:func:`_gnmt_update` under terminology constraints
+  (:mod:`xfmr_jax.constraints`): a beam that has met its constraints may
+  end, joining the finished hypotheses; the ``k`` new alive beams are chosen
+  by dynamic beam allocation. Rows without constraints get
+  :func:`_gnmt_update`'s beams, so that a sentence's output does not depend
+  on the others in its batch."""
+  k = log_probs.shape[1]
+  tokens = beams['constraints']
+  cand = constraint_lib.candidates(beams['alive_logp'], log_probs, tokens,
+                                   beams['met'], beams['cursor'], k)
+  pick = constraint_lib.allocate(cand['logp'], cand['bank'],
+                                 cand['logp'] > NEG_INF / 2, k)
+  take = lambda x: jnp.take_along_axis(
+      x, pick.reshape(pick.shape + (1,) * (x.ndim - 2)), axis=1)
+  ended = _extend(beams, cand['eos_logp'],
+                  jnp.broadcast_to(jnp.arange(k), pick.shape),
+                  jnp.full(pick.shape, EOS), t, alpha)[0]
+  new, parent = _extend(dict(beams, fin_seqs=ended['fin_seqs'],
+                             fin_scores=ended['fin_scores']),
+                        take(cand['logp']), take(cand['parent']),
+                        take(cand['token']), t, alpha)
+  plain, plain_parent = _gnmt_update(beams, log_probs, t, alpha)
+  free = jnp.all(tokens == PAD, axis=1)
+  pick_row = lambda a, b: jnp.where(
+      free.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+  new = jax.tree.map(pick_row, plain, new)
+  return dict(new, constraints=tokens, met=take(cand['met']),
+              cursor=take(cand['cursor'])), pick_row(plain_parent, parent)
+
+
+def _extend(beams, logp, parent, token, t, alpha):
+  """The beams after the chosen extensions ``[batch, k]`` (``logp`` their
+  log p, ``parent`` the beam each extends, ``token`` the token at ``t``):
+  those ending in EOS join the finished ones."""
   seqs = jnp.take_along_axis(beams['alive_seqs'], parent[..., None], axis=1)
   seqs = seqs.at[:, :, t].set(token)
   # Extensions of NEG_INF placeholders (or of a forbidden token) are not real.
@@ -246,7 +289,8 @@ def _gnmt_update(beams, log_probs, t, alpha):
   new_scores = jnp.where(real & ended, logp / length_penalty(t + 1, alpha),
                          NEG_INF)
   fin_scores, pick = jax.lax.top_k(
-      jnp.concatenate([beams['fin_scores'], new_scores], axis=1), k)
+      jnp.concatenate([beams['fin_scores'], new_scores], axis=1),
+      logp.shape[1])
   fin_seqs = jnp.take_along_axis(
       jnp.concatenate([beams['fin_seqs'], seqs], axis=1), pick[..., None],
       axis=1)
@@ -301,7 +345,9 @@ class GNMT:
         raw = steps.no_pad(raw_logits)
         raw = (raw - steps.logsumexp(raw)).reshape(batch, k, -1)
       log_probs = target_prefix.force(log_probs, beams['prefix'], t, raw)
-    new, parent = _gnmt_update(beams, log_probs, t, self.alpha)
+    update = (_constrained_update if 'constraints' in beams
+              else _gnmt_update)
+    new, parent = update(beams, log_probs, t, self.alpha)
     if 'prefix' in beams:
       new['prefix'] = beams['prefix']
     return new, parent
@@ -329,8 +375,15 @@ class GNMT:
                            axis=1) > NEG_INF / 2
     finished = jnp.arange(seqs.shape[1]) < beams['fin_scores'].shape[1]
     # Finished before unfinished before empty slots, each best first (ties
-    # to the lower slot).
-    group = jnp.where(real, jnp.where(finished, 0, 1), 2)
+    # to the lower slot); under constraints, unfinished ones that hold them
+    # before those that do not.
+    unfinished, empty = 1, 2
+    if 'constraints' in beams:
+      held = constraint_lib.all_met(beams['constraints'], beams['met'])
+      # (The finished slots' half is not read.)
+      unfinished = jnp.where(jnp.concatenate([held, held], axis=1), 1, 2)
+      empty = 3
+    group = jnp.where(real, jnp.where(finished, 0, unfinished), empty)
     pick = jnp.lexsort((-scores, group), axis=-1)[:, :n]
     seqs = jnp.take_along_axis(seqs, pick[..., None], axis=1)
     scores = jnp.take_along_axis(scores, pick, axis=1)

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from xfmr_jax import beam_search as beam_lib
+from xfmr_jax import constraints as constraint_lib
 from xfmr_jax import decode, decode_steps, target_prefix
 from xfmr_jax import top_k as topk
 from xfmr_jax.token_ids import EOS, PAD
@@ -126,6 +127,8 @@ class Generate:
   def update(self, beams, logits, t, length):
     if 'prefix' in beams:
       raise target_prefix.PrefixError(target_prefix.NOT_UNDER_HF)
+    if 'constraints' in beams:
+      raise constraint_lib.ConstraintError(constraint_lib.NOT_UNDER_HF)
     alpha = self.alpha
     k = beams['alive_logp'].shape[1]
     top_logp, parent, token = _best_extensions(

@@ -82,6 +82,30 @@ def check(prefixes, limit: int) -> None:
                        f'at most {limit - 1}')
 
 
+def encode(tokenizer, prefixes, encoded, limit: int) -> list:
+  """Each text's prefix as target ids (``None``: none), checked.
+
+  Args:
+    tokenizer: has ``encode_target``.
+    prefixes: per text, a prefix string (None or blank: none), or None for
+      no prefixes at all.
+    encoded: the texts' source ids (``None``: a blank text).
+    limit: the model's ``max_len``.
+  """
+  if prefixes is None:
+    return [None] * len(encoded)
+  if len(prefixes) != len(encoded):
+    raise PrefixError(f'{len(encoded)} texts but {len(prefixes)} prefixes')
+  ids = [tokenizer.encode_target(p) if p and p.strip() else None
+         for p in prefixes]
+  for i, (source, prefix) in enumerate(zip(encoded, ids)):
+    if source is None and prefix:
+      raise PrefixError(f'text {i} is empty but has a prefix; there is no '
+                        'source to continue it from')
+  check(ids, limit)
+  return ids
+
+
 def pad(prefixes, rows: int, width: int) -> np.ndarray:
   """Id lists (``None``: none) -> ``[rows, width]`` int32, 0-padded (rows
   past the lists have no prefix)."""

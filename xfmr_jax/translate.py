@@ -20,6 +20,7 @@ import numpy as np
 
 from xfmr_jax import alignment
 from xfmr_jax import beam_search as beam_lib
+from xfmr_jax import constraints as constraint_lib
 from xfmr_jax import decode, documents, hf_beam, repetition, source_batches
 from xfmr_jax import target_prefix
 from xfmr_jax.model import SequenceModel
@@ -38,14 +39,15 @@ BEAM_RULES = ('gnmt', 'hf')
 def search(model: SequenceModel, params, inputs, *, beam_size: int,
            alpha: float, beam_rules: str, max_decode_len: int,
            no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
-           prefix=None):
+           prefix=None, constraints=None):
   """``[batch, s]`` source ids -> ``[batch, max_decode_len]`` output ids:
   greedy for ``beam_size`` 1, else beam search under ``beam_rules`` ('gnmt':
   :func:`xfmr_jax.decode.beam_search`; 'hf': :func:`xfmr_jax.hf_beam.
   beam_search`, Hugging Face ``generate``'s scoring), with the
   anti-repetition settings of :mod:`xfmr_jax.repetition` and target
   prefixes ``[batch, p]`` of :mod:`xfmr_jax.target_prefix` (neither under
-  'hf'). Traceable: the exported translator (:mod:`xfmr_jax.export`) runs
+  'hf') and terminology constraints ``[batch, C]`` of
+  :mod:`xfmr_jax.constraints` (GNMT's beam search only). Traceable: the exported translator (:mod:`xfmr_jax.export`) runs
   this same function."""
   repeat = dict(no_repeat_ngram_size=no_repeat_ngram_size,
                 repetition_penalty=repetition_penalty)
@@ -59,7 +61,8 @@ def search(model: SequenceModel, params, inputs, *, beam_size: int,
   else:
     out, _ = decode.beam_search(model, params, inputs, beam_size=beam_size,
                                 alpha=alpha, max_decode_len=max_decode_len,
-                                prefix=prefix, **repeat)
+                                prefix=prefix, constraints=constraints,
+                                **repeat)
   return out
 
 
@@ -175,9 +178,11 @@ class Translator:
                                 max(width, prefix_width) +
                                 self.max_decode_extra)
 
-  def decode_ids(self, inputs: np.ndarray, prefix=None) -> np.ndarray:
+  def decode_ids(self, inputs: np.ndarray, prefix=None,
+                 constraints=None) -> np.ndarray:
     """``[batch, s]`` padded source ids (and optional ``[batch, p]`` target
-    prefixes) -> ``[batch, t]`` output ids."""
+    prefixes or ``[batch, C]`` packed constraints) -> ``[batch, t]`` output
+    ids."""
     length = self.decode_length(inputs.shape[1],
                                 0 if prefix is None else prefix.shape[1])
     if self.temperature > 0:
@@ -189,7 +194,8 @@ class Translator:
     else:
       out = search(self.model, self.params, inputs, beam_size=self.beam_size,
                    alpha=self.alpha, beam_rules=self.beam_rules,
-                   max_decode_len=length, prefix=prefix, **self.repeat)
+                   max_decode_len=length, prefix=prefix,
+                   constraints=constraints, **self.repeat)
     return np.asarray(out)
 
   def _encode(self, texts: Sequence[str]) -> list[list[int] | None]:
@@ -211,53 +217,71 @@ class Translator:
     what this translator's settings decode with)."""
     if beam_loop is None:
       beam_loop = self.beam_size > 1 and self.temperature == 0
-    if prefixes is None:
-      return [None] * len(encoded)
-    if len(prefixes) != len(encoded):
-      raise target_prefix.PrefixError(
-          f'{len(encoded)} texts but {len(prefixes)} prefixes')
-    ids = [self.tokenizer.encode_target(p) if p and p.strip() else None
-           for p in prefixes]
+    ids = target_prefix.encode(self.tokenizer, prefixes, encoded,
+                               self.model.config.max_len)
     if any(ids) and beam_loop and self.beam_rules == 'hf':
       raise target_prefix.PrefixError(target_prefix.NOT_UNDER_HF)
-    for i, (source, prefix) in enumerate(zip(encoded, ids)):
-      if source is None and prefix:
-        raise target_prefix.PrefixError(
-            f'text {i} is empty but has a prefix; there is no source to '
-            'continue it from')
-    target_prefix.check(ids, self.model.config.max_len)
     return ids
 
-  def _batch(self, chunk, width, encoded, prefix_ids):
-    """A chunk's ``[n, width]`` sources and ``[n, p]`` prefixes (None when
-    none of its texts has one, which decodes as without the option)."""
+  def _encode_constraints(self, constraints, encoded, prefix_ids):
+    """Each text's constraint phrases as id lists (``None``: none), checked,
+    and what they are combined with."""
+    ids = constraint_lib.encode(self.tokenizer, constraints, encoded,
+                                self.model.config.max_len)
+    if any(ids) and (self.beam_size == 1 or self.temperature > 0 or
+                     self.beam_rules == 'hf' or any(prefix_ids)):
+      raise constraint_lib.ConstraintError(
+          "terminology constraints need GNMT's beam search (beam_size > 1, "
+          "beam_rules 'gnmt', no sampling) and no target prefixes")
+    return ids
+
+  def _batch(self, chunk, width, encoded, prefix_ids, constraint_ids=None):
+    """A chunk's ``[n, width]`` sources, ``[n, p]`` prefixes and ``[n, C]``
+    packed constraints (each None when none of its texts has one, which
+    decodes as without the option)."""
     inputs = source_batches.pad_rows([encoded[i] for i in chunk], width,
                                      self.batch_size)
+    prefix = constraints = None
     rows = [prefix_ids[i] for i in chunk]
-    if not any(rows):
-      return inputs, None
-    p = self.bucket(max(len(r or ()) for r in rows),
-                    self.model.config.max_len - 1)
-    target_prefix.check(rows, self.decode_length(width, p))
-    return inputs, target_prefix.pad(rows, len(inputs), p)
+    if any(rows):
+      p = self.bucket(max(len(r or ()) for r in rows),
+                      self.model.config.max_len - 1)
+      target_prefix.check(rows, self.decode_length(width, p))
+      prefix = target_prefix.pad(rows, len(inputs), p)
+    rows = [None if constraint_ids is None else constraint_ids[i]
+            for i in chunk]
+    if any(rows):
+      constraint_lib.check(rows, self.decode_length(width))
+      constraints = constraint_lib.pack(rows, len(inputs), self.bucket(
+          constraint_lib.packed_width(rows), 2 * self.model.config.max_len))
+    return inputs, prefix, constraints
 
   def __call__(self, texts: Sequence[str],
-               prefixes: Sequence[str | None] | None = None) -> list[str]:
+               prefixes: Sequence[str | None] | None = None,
+               constraints: Sequence[Sequence[str] | None] | None = None
+               ) -> list[str]:
     """Translations of ``texts`` in order; an empty input gives ''.
 
     ``prefixes``: per text, a target prefix the translation must start with
     (None or '' for none; :mod:`xfmr_jax.target_prefix`). It is tokenized on
     its own, so it should end at a word boundary; the translation holds it.
+
+    ``constraints``: per text, target phrases its translation must contain
+    (None or [] for none; :mod:`xfmr_jax.constraints`), by dynamic beam
+    allocation in GNMT's beam search; a beam larger than the phrases' token
+    count places them best.
     """
     encoded = self._encode(texts)
-    return self._translate(encoded, self._encode_prefixes(prefixes, encoded))
+    prefix_ids = self._encode_prefixes(prefixes, encoded)
+    return self._translate(encoded, prefix_ids, self._encode_constraints(
+        constraints, encoded, prefix_ids))
 
-  def _translate(self, encoded, prefix_ids) -> list[str]:
+  def _translate(self, encoded, prefix_ids, constraint_ids=None) -> list[str]:
     """Translations of encoded texts (None: blank, giving '') in order."""
 
     def translate_chunk(chunk, width):
       outputs = self.decode_ids(*self._batch(chunk, width, encoded,
-                                             prefix_ids))
+                                             prefix_ids, constraint_ids))
       return [self.tokenizer.decode(outputs[r]) for r in range(len(chunk))]
     return source_batches.translate_in_order(encoded, self.batch_size,
                                              self.max_input, translate_chunk)
@@ -289,7 +313,8 @@ class Translator:
     return doc.join([' '.join(t) for t in translations])
 
   def nbest(self, texts: Sequence[str], num_hypotheses: int,
-            prefixes: Sequence[str | None] | None = None
+            prefixes: Sequence[str | None] | None = None,
+            constraints: Sequence[Sequence[str] | None] | None = None
             ) -> list[list[Hypothesis]]:
     """The ``num_hypotheses`` best translations of each text, best first.
 
@@ -298,8 +323,8 @@ class Translator:
     best finished hypotheses. Where a sentence finished fewer (the output
     limit reached first), its best unfinished ones follow; a list can be
     shorter than asked where the search held fewer distinct hypotheses. An
-    empty text gets an empty list. ``prefixes`` as in :meth:`__call__`
-    (a hypothesis' ``log_prob`` counts its prefix's tokens).
+    empty text gets an empty list. ``prefixes`` and ``constraints`` as in
+    :meth:`__call__` (a hypothesis' ``log_prob`` counts its prefix's tokens).
 
     Raises:
       ValueError: ``num_hypotheses`` not in ``1..beam_size``, or a sampling
@@ -313,6 +338,7 @@ class Translator:
                        f'samples (temperature {self.temperature})')
     encoded = self._encode(texts)
     prefix_ids = self._encode_prefixes(prefixes, encoded, True)
+    constraint_ids = self._encode_constraints(constraints, encoded, prefix_ids)
     if self.beam_rules == 'hf':
       self._refuse_repetition_under_hf()  # its beam loop, even at beam 1
       beam = hf_beam.beam_search
@@ -320,12 +346,14 @@ class Translator:
       beam = functools.partial(decode.beam_search, **self.repeat)
 
     def chunk_nbest(chunk, width):
-      inputs, prefix = self._batch(chunk, width, encoded, prefix_ids)
+      inputs, prefix, packed = self._batch(chunk, width, encoded, prefix_ids,
+                                           constraint_ids)
+      extra = {} if packed is None else dict(constraints=packed)
       tokens, scores, log_probs = map(np.asarray, beam(
           self.model, self.params, inputs, beam_size=self.beam_size,
           alpha=self.alpha, max_decode_len=self.decode_length(
               width, 0 if prefix is None else prefix.shape[1]),
-          num_hypotheses=num_hypotheses, prefix=prefix))
+          num_hypotheses=num_hypotheses, prefix=prefix, **extra))
       return [[Hypothesis(self.tokenizer.decode(tokens[r, j]),
                           float(scores[r, j]), float(log_probs[r, j]))
                for j in range(num_hypotheses)
@@ -354,7 +382,7 @@ class Translator:
     prefix_ids = self._encode_prefixes(prefixes, encoded)
 
     def chunk_aligned(chunk, width):
-      inputs, prefix = self._batch(chunk, width, encoded, prefix_ids)
+      inputs, prefix, _ = self._batch(chunk, width, encoded, prefix_ids)
       outputs = self.decode_ids(inputs, prefix)
       positions = np.asarray(alignment.source_positions(
           self.model, self.params, inputs, outputs, layer=layer))
