@@ -131,6 +131,20 @@ def test_every_phrase_appears_and_unconstrained_rows_are_unchanged():
       assert EOS in seq, seq  # finished, so it holds every phrase
       for p in phrases[row]:
         assert contains(seq[:seq.index(EOS)], p), (p, seq)
+  # With word starts (here: the even ids), a phrase's last word stays whole:
+  # the token after it begins a word, or is EOS.
+  starts = np.arange(m.config.vocab_size) % 2 == 0
+  phrases = [[[7]], None, [[9, 3]], [[5], [11]]]
+  out = np.asarray(decode.beam_search(
+      m, params, src, beam_size=6, max_decode_len=16,
+      constraints=constraints.pack(phrases, 4), word_starts=starts)[0])
+  for row in (0, 2, 3):
+    seq = out[row].tolist()
+    for p in phrases[row]:
+      ends = [i + len(p) for i in range(len(seq))
+              if seq[i:i + len(p)] == p and starts[seq[i + len(p)]] |
+              (seq[i + len(p)] == EOS)]
+      assert ends, (p, seq)
 
 
 def test_bad_constraints_are_one_clear_error():

@@ -14,6 +14,7 @@ import pytest
 
 httpx = pytest.importorskip('httpx')
 
+from tests.test_translate import toy_document  # noqa: E402
 from xfmr_jax import data  # noqa: E402
 from xfmr_jax.service import Batcher  # noqa: E402
 from xfmr_jax.translate import Translator  # noqa: E402
@@ -93,6 +94,13 @@ def test_translations_equal_translator(service, sources, expected):
   assert r.json()['translations'] == [expected[1][t] for t in sources[6:8]]
   assert httpx.post(service + '/translate', json={'texts': []}).json()[
       'translations'] == []
+  # A document: its sentences translated, its layout kept.
+  r = httpx.post(service + '/translate', json={
+      'texts': [toy_document(sources[:3]), ' \n'], 'document': True,
+      'language': 'en'}, timeout=120)
+  assert r.status_code == 200, r.text
+  assert r.json()['translations'] == [
+      toy_document([expected[4][t] for t in sources[:3]]), ' \n']
 
 
 @pytest.mark.parametrize('body, headers, status, message', [
@@ -105,6 +113,9 @@ def test_translations_equal_translator(service, sources, expected):
     (b'{"texts": ["a"], "beam_size": 2}', {}, 422, 'beam_size must be one of'),
     (b'{"texts": ["a"], "beam_size": "4"}', {}, 422, 'beam_size must be one of'),
     (b'{"texts": ["\\ud800"]}', {}, 422, 'not valid Unicode'),
+    (b'{"texts": ["a"], "document": "yes"}', {}, 422, 'document must be'),
+    (b'{"texts": ["a"], "document": true, "language": 3}', {}, 422,
+     'language must be a language code'),
     (json.dumps({'texts': ['a'] * 9}).encode(), {}, 413, 'at most 8'),
     (json.dumps({'texts': ['a' * 401]}).encode(), {}, 413, '401 characters'),
     (json.dumps({'texts': ['z ' * 190]}).encode(), {}, 413,

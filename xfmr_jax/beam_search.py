@@ -107,7 +107,7 @@ def segment_sizes(batch: int) -> list[int]:
 
 def loop(model, params, inputs, rules: Rules, *, beam_size: int,
          max_decode_len=None, compact: bool = True, num_hypotheses=None,
-         prefix=None, constraints=None):
+         prefix=None, constraints=None, word_starts=None):
   """Beam search under ``rules``, traceable (jit it, or call it inside a
   jitted function). Arguments as in :func:`search`."""
   variables = steps.as_variables(params)
@@ -122,7 +122,8 @@ def loop(model, params, inputs, rules: Rules, *, beam_size: int,
   if prefix is not None:
     beams = dict(beams, prefix=steps.split_rows(prefix))
   if constraints is not None:
-    beams = dict(beams, **constraint_lib.init(steps.split_rows(constraints), k))
+    beams = dict(beams, **constraint_lib.init(steps.split_rows(constraints),
+                                              k, word_starts))
   final = beams      # every sentence's beams, written back as it leaves
   where = jnp.arange(batch)  # the sentence each decoded row belongs to
   t = jnp.zeros((), jnp.int32)
@@ -186,7 +187,7 @@ def _write_back(final, beams, where):
     'num_hypotheses'))
 def search(model, params, inputs, rules: Rules, *, beam_size=4,
            max_decode_len=None, compact=True, num_hypotheses=None,
-           prefix=None, constraints=None):
+           prefix=None, constraints=None, word_starts=None):
   """Beam search under any rules, one ``jax.jit``.
 
   Args:
@@ -205,6 +206,8 @@ def search(model, params, inputs, rules: Rules, *, beam_size=4,
       (:mod:`xfmr_jax.target_prefix`; GNMT's rules follow them).
     constraints: None, or ``[batch, C]`` int32 terminology constraints
       (:func:`xfmr_jax.constraints.pack`; GNMT's rules follow them).
+    word_starts: None, or ``[vocab]`` bool, which tokens begin a word: a
+      constraint's last word is then not continued into a longer one.
 
   Returns:
     the best hypothesis, ``(tokens [batch, max_decode_len] int32, scores
@@ -215,7 +218,7 @@ def search(model, params, inputs, rules: Rules, *, beam_size=4,
   return loop(model, params, inputs, rules, beam_size=beam_size,
               max_decode_len=max_decode_len, compact=compact,
               num_hypotheses=num_hypotheses, prefix=prefix,
-              constraints=constraints)
+              constraints=constraints, word_starts=word_starts)
 
 
 # --------------------------------------------------------------- GNMT rules --
@@ -256,7 +259,8 @@ def _constrained_update(beams, log_probs, t, alpha):
   k = log_probs.shape[1]
   tokens = beams['constraints']
   cand = constraint_lib.candidates(beams['alive_logp'], log_probs, tokens,
-                                   beams['met'], beams['cursor'], k)
+                                   beams['met'], beams['cursor'], k,
+                                   beams.get('word_starts'))
   pick = constraint_lib.allocate(cand['logp'], cand['bank'],
                                  cand['logp'] > NEG_INF / 2, k)
   take = lambda x: jnp.take_along_axis(
@@ -273,7 +277,9 @@ def _constrained_update(beams, log_probs, t, alpha):
   pick_row = lambda a, b: jnp.where(
       free.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
   new = jax.tree.map(pick_row, plain, new)
-  return dict(new, constraints=tokens, met=take(cand['met']),
+  kept = {key: beams[key] for key in ('constraints', 'word_starts')
+          if key in beams}
+  return dict(new, **kept, met=take(cand['met']),
               cursor=take(cand['cursor'])), pick_row(plain_parent, parent)
 
 

@@ -37,6 +37,7 @@ from xfmr_jax import top_k as topk
 from xfmr_jax.token_ids import EOS, PAD, UNK
 
 NONE = -1  # cursor outside every phrase
+ENDED = -2  # cursor outside every phrase, one having ended at the last token
 
 NOT_UNDER_HF = ("terminology constraints work with beam_rules 'gnmt', not "
                 "under generate's rules ('hf')")
@@ -98,6 +99,18 @@ def encode(tokenizer, constraints, encoded, limit: int) -> list:
   return ids
 
 
+def word_starts(tokenizer, vocab_size: int) -> np.ndarray:
+  """``[vocab_size]`` bool: the ids whose SentencePiece piece begins a word
+  ('\u2581' first; none of the special ids, nor ids past the tokenizer's)."""
+  out = np.zeros(vocab_size, bool)
+  for i in range(UNK + 1, vocab_size):
+    try:
+      out[i] = tokenizer.id_to_piece(i).startswith('\u2581')
+    except IndexError:
+      break
+  return out
+
+
 def pack(constraints, rows: int, width: int | None = None) -> np.ndarray:
   """Phrases per sentence (id lists; None: none) -> ``[rows, width]`` int32:
   each sentence's phrases in a row, a 0 after each (``width`` default: the
@@ -117,13 +130,18 @@ def packed_width(constraints) -> int:
                     for phrases in constraints])
 
 
-def init(tokens: jax.Array, k: int) -> dict:
+def init(tokens: jax.Array, k: int, word_starts=None) -> dict:
   """The beams' constraint state before the first step: ``constraints``
   ``[batch, C]``, nothing met (``met`` ``[batch, k, C]``), no phrase begun
-  (``cursor`` ``[batch, k]``)."""
+  (``cursor`` ``[batch, k]``); with ``word_starts`` (``[vocab]`` bool: the
+  token begins a word), ``word_starts`` ``[batch, vocab]``."""
   batch, c = tokens.shape
-  return dict(constraints=tokens, met=jnp.zeros((batch, k, c), bool),
-              cursor=jnp.full((batch, k), NONE, jnp.int32))
+  state = dict(constraints=tokens, met=jnp.zeros((batch, k, c), bool),
+               cursor=jnp.full((batch, k), NONE, jnp.int32))
+  if word_starts is not None:
+    state['word_starts'] = jnp.broadcast_to(
+        jnp.asarray(word_starts, bool), (batch, len(word_starts)))
+  return state
 
 
 def _layout(tokens):
@@ -140,7 +158,7 @@ def _layout(tokens):
 def _cursor_token(tokens, cursor):
   """The token each cursor waits for (PAD outside a phrase): ``[batch, m]``."""
   at = jnp.take_along_axis(tokens, jnp.maximum(cursor, 0), axis=1)
-  return jnp.where(cursor == NONE, PAD, at)
+  return jnp.where(cursor < 0, PAD, at)
 
 
 def advance(tokens, met, cursor, token):
@@ -151,11 +169,12 @@ def advance(tokens, met, cursor, token):
       ``[batch, m]``.
 
   Returns:
-    ``(met [batch, m, C], cursor [batch, m])``.
+    ``(met [batch, m, C], cursor [batch, m])``; the cursor is
+    :data:`ENDED` where ``token`` ended a phrase.
   """
   starts, phrase, has_next = _layout(tokens)
   positions = jnp.arange(tokens.shape[1])
-  inside = cursor != NONE
+  inside = cursor >= 0
   follows = inside & (token == _cursor_token(tokens, cursor))
   # Leaving a phrase half way gives back the tokens it had met.
   current = jnp.take_along_axis(phrase[:, 0], jnp.maximum(cursor, 0), axis=1)
@@ -169,7 +188,7 @@ def advance(tokens, met, cursor, token):
   hit = jnp.where(follows, cursor, jnp.where(began, first, NONE))
   met = met | (positions == hit[..., None])
   next_of = jnp.take_along_axis(has_next[:, 0], jnp.maximum(hit, 0), axis=1)
-  cursor = jnp.where((hit != NONE) & next_of, hit + 1, NONE)
+  cursor = jnp.where(hit == NONE, NONE, jnp.where(next_of, hit + 1, ENDED))
   return met, cursor.astype(jnp.int32)
 
 
@@ -193,12 +212,16 @@ def wanted_tokens(tokens, met, cursor):
   return jnp.broadcast_to(tokens[:, None], met.shape), valid
 
 
-def candidates(alive_logp, log_probs, tokens, met, cursor, k: int):
+def candidates(alive_logp, log_probs, tokens, met, cursor, k: int,
+               word_starts=None):
   """Every beam's extensions worth keeping, flattened per sentence.
 
   Args:
     alive_logp: ``[batch, m]``; log_probs: ``[batch, m, vocab]``; tokens:
       ``[batch, C]``; met: ``[batch, m, C]``; cursor: ``[batch, m]``.
+    word_starts: None, or ``[batch, vocab]`` bool: after a phrase only a
+      token that begins a word may come, so that the phrase's last word is
+      not continued into a longer one.
 
   Returns:
     dict of ``[batch, n]`` arrays (``n = m * (min(k, vocab) + C)``):
@@ -212,6 +235,9 @@ def candidates(alive_logp, log_probs, tokens, met, cursor, k: int):
   eos_logp = alive_logp + jnp.where(all_met(tokens, met),
                                     log_probs[..., EOS], -jnp.inf)
   log_probs = jnp.where(jnp.arange(vocab) == EOS, -jnp.inf, log_probs)
+  if word_starts is not None:
+    glued = (cursor == ENDED)[..., None] & ~word_starts[:, None]
+    log_probs = jnp.where(glued, -jnp.inf, log_probs)
   top_logp, top_token = topk.top_k(log_probs, min(k, vocab))
   want, valid = wanted_tokens(tokens, met, cursor)
   # Each token once per beam: not among its best, nor wanted twice.

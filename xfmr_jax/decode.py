@@ -226,7 +226,7 @@ def sample(model, params, inputs, rng, *, temperature=1.0, top_k=0,
 def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
                 max_decode_len=None, compact=True, num_hypotheses=None,
                 no_repeat_ngram_size=0, repetition_penalty=1.0, prefix=None,
-                constraints=None):
+                constraints=None, word_starts=None):
   """Beam search with the GNMT length penalty (paper: beam 4, alpha 0.6):
   :func:`xfmr_jax.beam_search.loop` under :class:`xfmr_jax.beam_search.GNMT`.
 
@@ -239,7 +239,8 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
     act on each beam's logits before the log-softmax, and a prefix's tokens
     count in ``log p`` (:func:`xfmr_jax.target_prefix.force`).
     constraints: None, or ``[batch, C]`` terminology constraints
-      (:mod:`xfmr_jax.constraints`): every finished hypothesis holds them.
+      (:mod:`xfmr_jax.constraints`): every finished hypothesis holds them;
+      with ``word_starts`` (``[vocab]`` bool), with its last word whole.
 
   Returns:
     ``(tokens [batch, max_decode_len] int32, scores [batch] float32)``: the
@@ -256,7 +257,7 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=0.6,
   return beam_lib.loop(model, params, inputs, rules, beam_size=beam_size,
                        max_decode_len=max_decode_len, compact=compact,
                        num_hypotheses=num_hypotheses, prefix=prefix,
-                       constraints=constraints)
+                       constraints=constraints, word_starts=word_starts)
 
 
 # ------------------------------------------------------ scoring and maps --

@@ -3,6 +3,9 @@
     doc = documents.split(text, 'en')          # sentences and the rest
     doc.join([translate(s) for s in doc.sentences]) # the same layout
 
+    rows, owner = documents.encode(doc, tokenizer, max_input)  # fit the model
+    documents.assemble(doc, owner, translations_of_rows)
+
 Sentences come from `sentencex <https://pypi.org/project/sentencex/>`_
 (Wikimedia's rule-based segmenter, about 300 languages, no model to
 download), chosen because its segments concatenate back to the input: every
@@ -20,7 +23,9 @@ from typing import NamedTuple, Sequence
 
 import sentencex
 
-__all__ = ['Document', 'split', 'split_ids']
+from xfmr_jax.token_ids import EOS
+
+__all__ = ['Document', 'assemble', 'encode', 'split', 'split_ids']
 
 _EDGES = re.compile(r'^(\s*)(.*?)(\s*)$', re.DOTALL)
 
@@ -81,3 +86,37 @@ def split_ids(ids: Sequence[int], word_starts: Sequence[bool],
   cut = min(starts, key=lambda i: abs(2 * i - len(ids)), default=len(ids) // 2)
   return (split_ids(ids[:cut], word_starts[:cut], limit) +
           split_ids(ids[cut:], word_starts[cut:], limit))
+
+
+def encode(doc: Document, tokenizer, max_input: int
+           ) -> tuple[list[list[int]], list[int]]:
+  """A document's sentences as source rows that fit the model.
+
+  Args:
+    tokenizer: has ``encode`` and ``id_to_piece`` (SentencePiece pieces,
+      '\u2581' starting a word).
+    max_input: the most source tokens a row may have, EOS included.
+
+  Returns:
+    ``(rows, owner)``: EOS-terminated id lists, a sentence longer than
+    ``max_input`` cut into parts (:func:`split_ids`), and the index of the
+    sentence each row belongs to.
+  """
+  rows, owner = [], []
+  for i, sentence in enumerate(doc.sentences):
+    ids = tokenizer.encode(sentence)
+    starts = [tokenizer.id_to_piece(t).startswith('\u2581') for t in ids]
+    for part in split_ids(ids, starts, max_input - 1):
+      rows.append(part + [EOS])
+      owner.append(i)
+  return rows, owner
+
+
+def assemble(doc: Document, owner: Sequence[int],
+             translations: Sequence[str]) -> str:
+  """The translated document from the translations of :func:`encode`'s
+  rows: a cut sentence's parts joined with a space."""
+  parts = [[] for _ in doc.sentences]
+  for i, text in zip(owner, translations):
+    parts[i].append(text)
+  return doc.join([' '.join(p) for p in parts])

@@ -10,7 +10,10 @@ Endpoints:
 - ``POST /translate`` with ``{"texts": [str, ...], "beam_size": int}``
   (``beam_size`` optional: one the artifact exported) answers
   ``{"translations": [str, ...], "beam_size": int}`` in the same order; a
-  blank text gives ''.
+  blank text gives ''. With ``"document": true`` each text is a whole
+  document, cut into sentences by the rules of ``"language"`` (default
+  "en") and answered with its layout kept (:mod:`xfmr_jax.documents`; a
+  sentence too long for the model is cut into parts, not refused).
 - ``GET /health``: ``{"status": "ok", ...}`` with the artifact's settings.
 - ``GET /metrics``: request counts by status, texts, batches and their mean
   size, the queue, latency percentiles (ms) over the last 10,000 requests;
@@ -45,9 +48,9 @@ import hmac
 import json
 import math
 import time
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Hashable, NamedTuple, Sequence
 
-from xfmr_jax import service_page
+from xfmr_jax import documents, service_page
 from xfmr_jax.extras import require
 from xfmr_jax.service_metrics import (PROMETHEUS_CONTENT_TYPE, Stats,
                                       prometheus_text, wants_prometheus)
@@ -62,7 +65,7 @@ HTMLResponse = require('starlette.responses', _WHY).HTMLResponse
 ClientDisconnect = require('starlette.requests', _WHY).ClientDisconnect
 Route = require('starlette.routing', _WHY).Route
 
-FIELDS = ('texts', 'beam_size')
+FIELDS = ('texts', 'beam_size', 'document', 'language')
 
 
 class RequestError(Exception):
@@ -192,9 +195,18 @@ async def _read_body(request: Request, limit: int) -> bytes:
   return b''.join(chunks)
 
 
+class TranslateRequest(NamedTuple):
+  """A checked ``/translate`` body."""
+  texts: list[str]
+  beam_size: int
+  document: bool
+  language: str
+
+
 def parse_request(body: bytes, *, beam_sizes: Sequence[int], max_texts: int,
-                  max_chars: int) -> tuple[list[str], int]:
-  """``(texts, beam_size)`` of a ``/translate`` body, or a RequestError."""
+                  max_chars: int) -> TranslateRequest:
+  """The :class:`TranslateRequest` of a ``/translate`` body, or a
+  RequestError."""
   try:
     text = body.decode('utf-8')
   except UnicodeDecodeError as e:
@@ -231,7 +243,16 @@ def parse_request(body: bytes, *, beam_sizes: Sequence[int], max_texts: int,
   if type(beam_size) is not int or beam_size not in beam_sizes:  # no bools
     raise RequestError(422, f'beam_size must be one of {list(beam_sizes)}, '
                             f'got {beam_size!r}')
-  return texts, beam_size
+  document = request.get('document', False)
+  if not isinstance(document, bool):
+    raise RequestError(422, f'document must be true or false, got '
+                            f'{document!r}')
+  language = request.get('language', 'en')
+  if not (isinstance(language, str) and language.isascii() and
+          0 < len(language) <= 16):
+    raise RequestError(422, 'language must be a language code such as "en", '
+                            f'got {language!r}')
+  return TranslateRequest(texts, beam_size, document, language)
 
 
 async def _client_gone(request: Request) -> None:
@@ -332,10 +353,17 @@ def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
         body = await _read_body(request, max_body_bytes)
       except ClientDisconnect:
         raise RequestError(499, 'the client closed the connection') from None
-      texts, beam_size = parse_request(
+      asked = parse_request(
           body, beam_sizes=translator.beam_sizes, max_texts=max_texts,
           max_chars=max_chars)
-      encoded = [encode(t, i) for i, t in enumerate(texts)]
+      texts, beam_size = asked.texts, asked.beam_size
+      if asked.document:
+        docs = [documents.split(t, asked.language) for t in texts]
+        parts = [documents.encode(d, translator.tokenizer,
+                                  translator.max_input) for d in docs]
+        encoded = [ids for rows, _ in parts for ids in rows]
+      else:
+        encoded = [encode(t, i) for i, t in enumerate(texts)]
       batcher = state['batcher']
       rows = [ids for ids in encoded if ids is not None]
       check_room(batcher, len(rows))
@@ -343,6 +371,10 @@ def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
               for ids in rows]
       done = iter(await decode_all(request, jobs))
       out = ['' if ids is None else next(done) for ids in encoded]
+      if asked.document:
+        done = iter(out)
+        out = [documents.assemble(d, owner, [next(done) for _ in owner])
+               for d, (_, owner) in zip(docs, parts)]
     except RequestError as e:
       stats.record(e.status, time.perf_counter() - start)
       return JSONResponse({'error': str(e)}, status_code=e.status,

@@ -39,7 +39,7 @@ BEAM_RULES = ('gnmt', 'hf')
 def search(model: SequenceModel, params, inputs, *, beam_size: int,
            alpha: float, beam_rules: str, max_decode_len: int,
            no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
-           prefix=None, constraints=None):
+           prefix=None, constraints=None, word_starts=None):
   """``[batch, s]`` source ids -> ``[batch, max_decode_len]`` output ids:
   greedy for ``beam_size`` 1, else beam search under ``beam_rules`` ('gnmt':
   :func:`xfmr_jax.decode.beam_search`; 'hf': :func:`xfmr_jax.hf_beam.
@@ -47,8 +47,9 @@ def search(model: SequenceModel, params, inputs, *, beam_size: int,
   anti-repetition settings of :mod:`xfmr_jax.repetition` and target
   prefixes ``[batch, p]`` of :mod:`xfmr_jax.target_prefix` (neither under
   'hf') and terminology constraints ``[batch, C]`` of
-  :mod:`xfmr_jax.constraints` (GNMT's beam search only). Traceable: the exported translator (:mod:`xfmr_jax.export`) runs
-  this same function."""
+  :mod:`xfmr_jax.constraints` with the ``[vocab]`` ``word_starts`` of the
+  tokenizer (GNMT's beam search only). Traceable: the exported translator
+  (:mod:`xfmr_jax.export`) runs this same function."""
   repeat = dict(no_repeat_ngram_size=no_repeat_ngram_size,
                 repetition_penalty=repetition_penalty)
   if beam_size == 1:
@@ -62,7 +63,7 @@ def search(model: SequenceModel, params, inputs, *, beam_size: int,
     out, _ = decode.beam_search(model, params, inputs, beam_size=beam_size,
                                 alpha=alpha, max_decode_len=max_decode_len,
                                 prefix=prefix, constraints=constraints,
-                                **repeat)
+                                word_starts=word_starts, **repeat)
   return out
 
 
@@ -195,7 +196,9 @@ class Translator:
       out = search(self.model, self.params, inputs, beam_size=self.beam_size,
                    alpha=self.alpha, beam_rules=self.beam_rules,
                    max_decode_len=length, prefix=prefix,
-                   constraints=constraints, **self.repeat)
+                   constraints=constraints,
+                   word_starts=None if constraints is None
+                   else self._word_starts, **self.repeat)
     return np.asarray(out)
 
   def _encode(self, texts: Sequence[str]) -> list[list[int] | None]:
@@ -222,6 +225,11 @@ class Translator:
     if any(ids) and beam_loop and self.beam_rules == 'hf':
       raise target_prefix.PrefixError(target_prefix.NOT_UNDER_HF)
     return ids
+
+  @functools.cached_property
+  def _word_starts(self):  # for constraints (constraints.word_starts)
+    return constraint_lib.word_starts(self.tokenizer,
+                                      self.model.config.vocab_size)
 
   def _encode_constraints(self, constraints, encoded, prefix_ids):
     """Each text's constraint phrases as id lists (``None``: none), checked,
@@ -298,19 +306,9 @@ class Translator:
     with a space: nothing is truncated, whatever ``too_long`` says.
     """
     doc = documents.split(text, language)
-    encoded, owner = [], []
-    for i, sentence in enumerate(doc.sentences):
-      ids = self.tokenizer.encode(sentence)
-      starts = [self.tokenizer.id_to_piece(t).startswith('\u2581')
-                for t in ids]
-      for part in documents.split_ids(ids, starts, self.max_input - 1):
-        encoded.append(part + [EOS])
-        owner.append(i)
-    parts = self._translate(encoded, [None] * len(encoded))
-    translations = [[] for _ in doc.sentences]
-    for i, part in zip(owner, parts):
-      translations[i].append(part)
-    return doc.join([' '.join(t) for t in translations])
+    rows, owner = documents.encode(doc, self.tokenizer, self.max_input)
+    return documents.assemble(doc, owner,
+                              self._translate(rows, [None] * len(rows)))
 
   def nbest(self, texts: Sequence[str], num_hypotheses: int,
             prefixes: Sequence[str | None] | None = None,
@@ -348,7 +346,8 @@ class Translator:
     def chunk_nbest(chunk, width):
       inputs, prefix, packed = self._batch(chunk, width, encoded, prefix_ids,
                                            constraint_ids)
-      extra = {} if packed is None else dict(constraints=packed)
+      extra = {} if packed is None else dict(
+          constraints=packed, word_starts=self._word_starts)
       tokens, scores, log_probs = map(np.asarray, beam(
           self.model, self.params, inputs, beam_size=self.beam_size,
           alpha=self.alpha, max_decode_len=self.decode_length(
