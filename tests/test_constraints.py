@@ -122,9 +122,9 @@ def test_every_phrase_appears_and_unconstrained_rows_are_unchanged():
     phrases = [[list(rng.choice(words, rng.integers(1, 3), replace=False))
                 for _ in range(rng.integers(1, 3))] for _ in range(4)]
     phrases[1] = None
-    out = np.asarray(decode.beam_search(
+    out = np.asarray(decode.beam_search(  # one width: one compilation
         m, params, src, beam_size=6, max_decode_len=16,
-        constraints=constraints.pack(phrases, 4))[0])
+        constraints=constraints.pack(phrases, 4, 8))[0])
     np.testing.assert_array_equal(out[1], plain[1])
     for row in (0, 2, 3):
       seq = out[row].tolist()
@@ -137,7 +137,7 @@ def test_every_phrase_appears_and_unconstrained_rows_are_unchanged():
   phrases = [[[7]], None, [[9, 3]], [[5], [11]]]
   out = np.asarray(decode.beam_search(
       m, params, src, beam_size=6, max_decode_len=16,
-      constraints=constraints.pack(phrases, 4), word_starts=starts)[0])
+      constraints=constraints.pack(phrases, 4, 8), word_starts=starts)[0])
   for row in (0, 2, 3):
     seq = out[row].tolist()
     for p in phrases[row]:

@@ -5,12 +5,16 @@ Lexically constrained decoding by dynamic beam allocation (Post and Vilar,
 constraints are ``[C]`` int32 target ids: its phrases one after another, a 0
 (the pad id) after each, 0s to the end (``pack``). Each beam tracks which
 constraint tokens it has met and, while it is inside a phrase, the position
-of the phrase's next token (``cursor``; -1 outside one). One step:
+of the phrase's next token (``cursor``; :data:`NONE` outside one,
+:data:`ENDED` right after one). One step:
 
 1. Candidates: each beam's best ``k`` next tokens, and each token that would
    advance a constraint (the in-progress phrase's next token, the first token
-   of every phrase not yet met), deduplicated. EOS is banned while a beam has
-   constraints left, so every finished hypothesis holds all of them.
+   of every phrase not yet met), deduplicated. A beam that has met every
+   constraint may also end: its EOS extension joins the finished hypotheses
+   without taking an alive beam's place; EOS is banned while a beam has
+   constraints left, so every finished hypothesis holds all of them. Given
+   the tokenizer's word starts, the token after a phrase must begin a word.
 2. Banks: a candidate's bank is the number of constraint tokens it has met.
    Leaving a phrase half way gives its met tokens back (they must come in a
    row).
@@ -20,10 +24,12 @@ of the phrase's next token (``cursor``; -1 outside one). One step:
    about ``k / (C + 1)`` beams, and the share of an empty bank goes to the
    others: Post and Vilar's allocation with their redistribution.
 
-Hypotheses that have met their constraints compete for the ``k`` finished
-slots as in the plain search. The ``beam_size`` should exceed the number of
-constraint tokens, so that each bank can hold a beam. Where two phrases not
-yet met start with the same token, the first takes it.
+The finished hypotheses are ranked as in the plain search. The ``beam_size``
+should exceed the number of constraint tokens, so that each bank can hold a
+beam. Where two phrases not yet met start with the same token, the first
+takes it; a phrase that repeats its own beginning (``a a b``) is found only
+where no false start precedes it (``a a a b`` restarts at the third ``a``
+and misses it), so the search places it again elsewhere.
 """
 from __future__ import annotations
 
