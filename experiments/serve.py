@@ -1,13 +1,16 @@
-"""Serve translations over HTTP from an exported translator.
+"""Serve translations over HTTP from an exported translator or a workdir.
 
     python -m experiments.serve --artifact=ARTIFACT --port=8000
-    python -m experiments.serve --workdir=DIR      # exports to a temp folder
+    python -m experiments.serve --workdir=DIR      # every decoding option
 
     curl -s localhost:8000/translate -d '{"texts": ["a sentence"]}'
     curl -s localhost:8000/health; curl -s localhost:8000/metrics
     curl -s 'localhost:8000/metrics?format=prometheus'
 
-Concurrent requests are batched dynamically; the queue is bounded
+An artifact runs the plain search without model code; a training workdir is
+served with the model, so that requests may also ask for n-best lists,
+prefixes, constraints, anti-repetition and alignments (see
+``xfmr_jax/service_request.py``). Concurrent requests are batched dynamically; the queue is bounded
 (``--max_queue``, 503), requests have a deadline (``--request_timeout_s``,
 504) and, with ``--api_keys_file``, need a key (401); see
 ``xfmr_jax/service.py``.
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 import time
 
 from absl import flags
@@ -29,7 +31,13 @@ from xfmr_jax.extras import require
 _ARTIFACT = flags.DEFINE_string('artifact', None,
                                 'Folder written by experiments.export.')
 _WORKDIR = flags.DEFINE_string('workdir', None,
-                               'Training workdir (exported on start-up).')
+                               'Training workdir to serve with every decoding '
+                               'option.')
+_STEP = flags.DEFINE_integer('step', None, 'With --workdir: the checkpoint '
+                             'step; default newest.')
+_BEAMS = flags.DEFINE_list('beam_sizes', ['4', '1'], 'With --workdir: the '
+                           'beam sizes requests may ask for (the first is the '
+                           'default).')
 _HOST = flags.DEFINE_string('host', '127.0.0.1', 'Address to listen on.')
 _PORT = flags.DEFINE_integer('port', 8000, 'Port to listen on.')
 _MAX_BATCH = flags.DEFINE_integer('max_batch', None,
@@ -61,13 +69,6 @@ _CACHE = flags.DEFINE_string('compilation_cache_dir', None,
                              'Only use a folder no one untrusted can write to.')
 _GRACE = flags.DEFINE_integer('shutdown_timeout', 60,
                               'Seconds to finish in-flight requests on SIGTERM.')
-
-
-def _artifact_from_workdir(workdir: str) -> str:
-  from xfmr_jax import export
-  out = os.path.join(tempfile.mkdtemp(prefix='xfmr_serve_'), 'artifact')
-  export.export_workdir(workdir, out, progress=lambda line: None)
-  return out
 
 
 def read_api_keys(path: str) -> list[str]:
@@ -107,6 +108,12 @@ def main(argv):
     if value < 0:
       entry.fail(f'--{name} must be >= 0, got {value}')
   keys = read_api_keys(_API_KEYS.value) if _API_KEYS.value else ()
+  try:
+    beam_sizes = list(dict.fromkeys(int(b) for b in _BEAMS.value))
+  except ValueError:
+    entry.fail(f'--beam_sizes must be integers, got {_BEAMS.value}')
+  if not beam_sizes or min(beam_sizes) < 1:
+    entry.fail(f'--beam_sizes must be at least 1, got {_BEAMS.value}')
   entry.quiet_libraries()
   uvicorn = require('uvicorn', 'python -m experiments.serve')
   if _CACHE.value:
@@ -115,12 +122,16 @@ def main(argv):
     jax.config.update('jax_persistent_cache_min_entry_size_bytes', -1)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
   from xfmr_jax import serving, service
-  path = _ARTIFACT.value
-  if path is None:
-    if not os.path.isdir(_WORKDIR.value):
-      entry.fail(f'--workdir {_WORKDIR.value!r} is not a directory')
-    path = _artifact_from_workdir(_WORKDIR.value)
-  translator = serving.load(path)
+  if _ARTIFACT.value is not None:
+    path = _ARTIFACT.value
+    translator = serving.load(path)
+  else:
+    from xfmr_jax.workdir_translator import WorkdirTranslator
+    path = _WORKDIR.value
+    if not os.path.isdir(path):
+      entry.fail(f'--workdir {path!r} is not a directory')
+    translator = WorkdirTranslator(path, beam_sizes=beam_sizes,
+                                   step=_STEP.value)
   if _WARM_UP.value:
     start = time.time()
     count = translator.warm_up()

@@ -118,7 +118,8 @@ def exported_artifact(trained_workdir, tmp_path_factory):
 LONGEST_FIRST = ('test_sharding.py', 'test_decode.py', 'test_variants.py',
                  'test_bad_inputs.py', 'test_marian.py', 'test_marian_export.py',
                  'test_benchmark.py', 'test_model.py', 'test_train.py', 'test_serving.py',
-                 'test_long_attention.py', 'test_service.py')
+                 'test_long_attention.py', 'test_service.py',
+                 'test_service_options.py')
 
 
 def pytest_collection_modifyitems(config, items):

@@ -116,6 +116,10 @@ def test_translations_equal_translator(service, sources, expected):
     (b'{"texts": ["a"], "document": "yes"}', {}, 422, 'document must be'),
     (b'{"texts": ["a"], "document": true, "language": 3}', {}, 422,
      'language must be a language code'),
+    (b'{"texts": ["a"], "num_hypotheses": 2}', {}, 422,
+     'num_hypotheses needs a service that decodes it'),
+    (b'{"texts": ["a"], "prefixes": ["b"]}', {}, 422,
+     'prefixes needs a service that decodes it'),
     (json.dumps({'texts': ['a'] * 9}).encode(), {}, 413, 'at most 8'),
     (json.dumps({'texts': ['a' * 401]}).encode(), {}, 413, '401 characters'),
     (json.dumps({'texts': ['z ' * 190]}).encode(), {}, 413,
@@ -177,7 +181,7 @@ def test_load_is_batched_and_every_answer_is_right(service, sources, expected):
 @pytest.mark.slow
 def test_sigterm_finishes_requests_in_flight_and_exits_0(trained_workdir,
                                                          sources, expected):
-  # Served straight from the workdir, which exports it on start-up.
+  # Served straight from the workdir (its model, no artifact).
   with _service(f'--workdir={trained_workdir}', '--max_wait_ms=50') as (
       proc, url):
     async def scenario():

@@ -23,7 +23,7 @@ pytest.importorskip('prometheus_client')
 from starlette.testclient import TestClient  # noqa: E402
 
 from tests.local_server import serve_in_thread  # noqa: E402
-from xfmr_jax import service  # noqa: E402
+from xfmr_jax import service, service_request  # noqa: E402
 from xfmr_jax.serving import InputTooLong  # noqa: E402
 
 KEY = 'k' * 20
@@ -35,6 +35,7 @@ class HeldTranslator:
 
   batch_size, beam_sizes, buckets, max_input = 4, [1, 4], [8, 16, 32], 32
   manifest = {'platforms': ['cpu']}
+  options = frozenset()   # the plain search only, as an artifact
 
   def __init__(self):
     self.gate = threading.Event()
@@ -246,6 +247,28 @@ _bodies = st.one_of(
                                              max_size=6)},
                           optional={'beam_size': _json}).map(
                               lambda v: json.dumps(v).encode()))
+
+
+_option_bodies = st.fixed_dictionaries(
+    {'texts': st.lists(st.text(max_size=10), max_size=3)},
+    optional={f: _json for f in service_request.OPTION_FIELDS + (
+        'beam_size', 'document', 'language')}).map(
+            lambda v: json.dumps(v).encode())
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(body=_option_bodies)
+def test_fuzzed_options_are_a_request_or_a_4xx(body):
+  try:
+    asked = service_request.parse_request(
+        body, beam_sizes=[4, 1], max_texts=3, max_chars=10,
+        options=frozenset(service_request.OPTION_FIELDS))
+  except service_request.RequestError as e:
+    assert 400 <= e.status < 500 and str(e)
+    return
+  assert 0 <= asked.options.num_hypotheses <= asked.beam_size
+  for per_text in (asked.prefixes, asked.constraints):
+    assert per_text is None or len(per_text) == len(asked.texts)
 
 
 @pytest.fixture(scope='module')

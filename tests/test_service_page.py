@@ -50,7 +50,9 @@ def browser(tmp_path_factory):
 
 def _translate_in_page(browser, url, text, beam_size):
   browser.get(url + '/')
-  box = browser.find_element(By.ID, 'source')
+  # On a loaded machine the new page can still be loading here.
+  box = WebDriverWait(browser, 30).until(
+      lambda b: b.find_elements(By.ID, 'source'))[0]
   box.clear()
   # send_keys types a newline as Enter, which the page leaves to the box
   box.send_keys(text)

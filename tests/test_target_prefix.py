@@ -10,7 +10,7 @@ from tests.test_beam_search import (CONTENT, VOCAB, padded, prefix_log_softmax,
                                     tiny)
 from tests.test_decode import build, sources, teacher_forced_log_probs
 from xfmr_jax import beam_search, decode, hf_beam, target_prefix
-from xfmr_jax.token_ids import EOS, PAD
+from xfmr_jax.token_ids import EOS, PAD, UNK
 
 LENGTH = 12
 
@@ -144,6 +144,8 @@ def test_bad_prefixes_are_one_clear_error():
   target_prefix.check([[4, 5], None], limit=3)
   with pytest.raises(ValueError, match='prefix 1 holds the id 1'):
     target_prefix.check([[4], [3, EOS]], limit=10)
+  with pytest.raises(ValueError, match='prefix 0 has a token the vocabulary'):
+    target_prefix.check([[4, UNK]], limit=10)
   with pytest.raises(ValueError, match='prefix 0 has 3 tokens.*at most 2'):
     target_prefix.check([[4, 5, 6]], limit=3)
   m, params, src = tiny()

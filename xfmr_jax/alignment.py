@@ -17,6 +17,7 @@ against the task's gold alignment.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,21 @@ def check_layer(layer: int, num_decoder_layers: int) -> int:
     raise ValueError(f'alignment layer {layer} is not one of the '
                      f'{num_decoder_layers} decoder layers')
   return layer % num_decoder_layers
+
+
+class Aligned(NamedTuple):
+  """A translation with its word alignment
+  (:meth:`xfmr_jax.translate.Translator.align`).
+
+  Attributes:
+    text: the translation.
+    links: sorted ``(source word, translation word)`` index pairs, words
+      being the whitespace-separated ones of each text: each translation
+      word's tokens linked to the source words they attend to most
+      (:func:`source_positions`).
+  """
+  text: str
+  links: list[tuple[int, int]]
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'layer'))
@@ -96,3 +112,13 @@ def word_links(source_words, output_words, positions) -> list[tuple[int, int]]:
   return sorted({(source_words[p], output_words[i])
                  for i, p in enumerate(positions)
                  if p != NONE and i < len(output_words)})
+
+
+def token_links(tokenizer, source_ids, output_ids, positions
+                ) -> list[tuple[int, int]]:
+  """:func:`word_links` of one EOS-terminated source and its output (ids),
+  the words read from the ``tokenizer``'s pieces."""
+  words = lambda ids: word_starts([tokenizer.id_to_piece(int(i)) for i in ids])
+  output = [int(x) for x in output_ids]
+  output = output[:output.index(EOS)] if EOS in output else output
+  return word_links(words(source_ids[:-1]), words(output), positions)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -397,3 +397,22 @@ class GNMT:
     log_probs = scores * length_penalty(output_lengths(seqs), self.alpha)
     return (seqs, jnp.where(real, scores, NEG_INF),
             jnp.where(real, log_probs, NEG_INF))
+
+
+class Hypothesis(NamedTuple):
+  """One translation of an n-best list
+  (:meth:`xfmr_jax.translate.Translator.nbest`).
+
+  Attributes:
+    text: the translation.
+    score: what the search ranks by, ``log p`` normalised for length (GNMT:
+      ``log p / ((5 + len) / 6) ** alpha``; 'hf': ``log p / len ** alpha``;
+      ``len`` counts the EOS).
+    log_prob: the ``log p`` of its tokens and EOS under the model (of its
+      tokens alone for a hypothesis cut at the output limit), as the search
+      sums it: GNMT's rules renormalise without the pad id, which they never
+      emit; 'hf' bans it after the log-softmax, as ``generate`` does.
+  """
+  text: str
+  score: float
+  log_prob: float

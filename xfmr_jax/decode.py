@@ -312,6 +312,16 @@ def _layer_weights(tree, prefix, num_layers, scanned, attention):
                     for i in range(num_layers)])
 
 
+def check_attention_maps(cfg) -> None:
+  """The ValueError of :func:`attention_maps` for a model config whose
+  attention weights it cannot draw."""
+  if cfg.model_kind != 'encoder_decoder' or cfg.attention_impl not in (
+      'auto', 'reference') or cfg.attention_kind != 'full':
+    raise ValueError('attention maps are drawn for an encoder_decoder model '
+                     "with full attention and attention_impl 'reference' (or "
+                     "'auto' on CPU)")
+
+
 @functools.partial(jax.jit, static_argnames=('model',))
 def attention_maps(model, variables, inputs, outputs):
   """Attention weights of one teacher-forced pass over decoded ``outputs``.
@@ -328,11 +338,7 @@ def attention_maps(model, variables, inputs, outputs):
     (after EOS) are zero.
   """
   cfg = model.config
-  if cfg.model_kind != 'encoder_decoder' or cfg.attention_impl not in (
-      'auto', 'reference') or cfg.attention_kind != 'full':
-    raise ValueError('attention maps are drawn for an encoder_decoder model '
-                     "with full attention and attention_impl 'reference' (or "
-                     "'auto' on CPU)")
+  check_attention_maps(cfg)
   _, state = model.apply(steps.as_variables(variables), inputs, outputs,
                          mutable=['intermediates'])
   tree = state['intermediates']

@@ -1,4 +1,4 @@
-"""An HTTP JSON translation service around an exported translator.
+"""An HTTP JSON translation service around an exported or a workdir translator.
 
     app = make_app(xfmr_jax.serving.load('artifact'))   # a Starlette app
     uvicorn.run(app, port=8000)       # python -m experiments.serve does this
@@ -8,12 +8,18 @@ Endpoints:
 - ``GET /``: a page to type text into and translate it
   (:mod:`xfmr_jax.service_page`).
 - ``POST /translate`` with ``{"texts": [str, ...], "beam_size": int}``
-  (``beam_size`` optional: one the artifact exported) answers
+  (``beam_size`` optional: one the service offers) answers
   ``{"translations": [str, ...], "beam_size": int}`` in the same order; a
   blank text gives ''. With ``"document": true`` each text is a whole
   document, cut into sentences by the rules of ``"language"`` (default
   "en") and answered with its layout kept (:mod:`xfmr_jax.documents`; a
-  sentence too long for the model is cut into parts, not refused).
+  sentence too long for the model is cut into parts, not refused). Served
+  from a workdir (:class:`~xfmr_jax.workdir_translator.WorkdirTranslator`),
+  a request may also ask for n-best lists (``"num_hypotheses": k`` adds
+  ``"hypotheses"``: per text ``[{"text", "score", "log_prob"}, ...]``),
+  ``"prefixes"``, ``"constraints"``, anti-repetition and alignments
+  (``"alignments": true`` adds ``"alignments"``: per text ``[[source word,
+  translation word], ...]``); see :mod:`xfmr_jax.service_request`.
 - ``GET /health``: ``{"status": "ok", ...}`` with the artifact's settings.
 - ``GET /metrics``: request counts by status, texts, batches and their mean
   size, the queue, latency percentiles (ms) over the last 10,000 requests;
@@ -21,7 +27,7 @@ Endpoints:
   that prefers text/plain (as Prometheus' scraper sends).
 
 Sentences of concurrent requests are batched dynamically: each goes to the
-queue of its (beam size, source bucket), and one decoding thread takes the
+queue of its (beam size, source bucket, batch-wide options), and one decoding thread takes the
 queue whose oldest sentence has waited longest, once it holds ``max_batch``
 sentences or its oldest has waited ``max_wait_ms``. With the default wait of 0
 an idle decoder starts at once (no added latency at low load), and while it
@@ -37,7 +43,7 @@ answer 401 without one (``/health`` stays open for load balancers).
 
 Bad requests get a 4xx and ``{"error": message}``; the service keeps serving.
 Needs starlette and prometheus_client (the ``serve`` extra; and an ASGI
-server such as uvicorn to run it), no model code.
+server such as uvicorn to run it), and no model code for an artifact.
 """
 from __future__ import annotations
 
@@ -45,18 +51,20 @@ import asyncio
 import concurrent.futures
 import contextlib
 import hmac
-import json
 import math
 import time
-from typing import Callable, Hashable, NamedTuple, Sequence
+from typing import Callable, Hashable, Sequence
 
 from xfmr_jax import documents, service_page
 from xfmr_jax.extras import require
 from xfmr_jax.service_metrics import (PROMETHEUS_CONTENT_TYPE, Stats,
                                       prometheus_text, wants_prometheus)
-from xfmr_jax.serving import ExportedTranslator, InputTooLong
+from xfmr_jax.service_request import Job, RequestError, parse_request, read_body
+from xfmr_jax.serving import InputTooLong
 
 _WHY = 'the HTTP service (xfmr_jax.service)'
+# A blank text's result, whatever the request asks for.
+EMPTY = {'translation': '', 'hypotheses': [], 'alignment': []}
 Starlette = require('starlette.applications', _WHY).Starlette
 Request = require('starlette.requests', _WHY).Request
 JSONResponse = require('starlette.responses', _WHY).JSONResponse
@@ -64,17 +72,6 @@ Response = require('starlette.responses', _WHY).Response
 HTMLResponse = require('starlette.responses', _WHY).HTMLResponse
 ClientDisconnect = require('starlette.requests', _WHY).ClientDisconnect
 Route = require('starlette.routing', _WHY).Route
-
-FIELDS = ('texts', 'beam_size', 'document', 'language')
-
-
-class RequestError(Exception):
-  """A bad request: its HTTP status and a message for the client."""
-
-  def __init__(self, status: int, message: str, headers: dict | None = None):
-    super().__init__(message)
-    self.status, self.headers = status, headers
-
 
 class Batcher:
   """Groups single items into batches by key and runs them on one thread.
@@ -179,82 +176,6 @@ class Batcher:
           future.set_result(result)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-  declared = request.headers.get('content-length')
-  if declared is not None:
-    if not declared.isdigit():
-      raise RequestError(400, f'bad Content-Length {declared!r}')
-    if int(declared) > limit:
-      raise RequestError(413, f'body of {declared} bytes; the limit is {limit}')
-  chunks, size = [], 0
-  async for chunk in request.stream():  # also caps bodies sent chunked
-    size += len(chunk)
-    if size > limit:
-      raise RequestError(413, f'body over the limit of {limit} bytes')
-    chunks.append(chunk)
-  return b''.join(chunks)
-
-
-class TranslateRequest(NamedTuple):
-  """A checked ``/translate`` body."""
-  texts: list[str]
-  beam_size: int
-  document: bool
-  language: str
-
-
-def parse_request(body: bytes, *, beam_sizes: Sequence[int], max_texts: int,
-                  max_chars: int) -> TranslateRequest:
-  """The :class:`TranslateRequest` of a ``/translate`` body, or a
-  RequestError."""
-  try:
-    text = body.decode('utf-8')
-  except UnicodeDecodeError as e:
-    raise RequestError(400, f'body is not valid UTF-8 ({e.reason} at byte '
-                            f'{e.start})') from None
-  try:
-    request = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise RequestError(400, f'body is not JSON: {e}') from None
-  if not isinstance(request, dict):
-    raise RequestError(422, 'body must be a JSON object like '
-                            '{"texts": ["..."], "beam_size": 4}')
-  unknown = sorted(set(request) - set(FIELDS))
-  if unknown:
-    raise RequestError(422, f'unknown field {unknown[0]!r}; the fields are '
-                            f'{list(FIELDS)}')
-  texts = request.get('texts')
-  if not isinstance(texts, list):
-    raise RequestError(422, '"texts" must be a list of strings')
-  if len(texts) > max_texts:
-    raise RequestError(413, f'{len(texts)} texts; at most {max_texts} per '
-                            'request')
-  for i, t in enumerate(texts):
-    if not isinstance(t, str):
-      raise RequestError(422, f'texts[{i}] is {type(t).__name__}, not a string')
-    if len(t) > max_chars:
-      raise RequestError(413, f'texts[{i}] has {len(t)} characters; the limit '
-                              f'is {max_chars}')
-    try:
-      t.encode('utf-8')
-    except UnicodeEncodeError:  # a lone surrogate escaped in the JSON
-      raise RequestError(422, f'texts[{i}] is not valid Unicode') from None
-  beam_size = request.get('beam_size', beam_sizes[0])
-  if type(beam_size) is not int or beam_size not in beam_sizes:  # no bools
-    raise RequestError(422, f'beam_size must be one of {list(beam_sizes)}, '
-                            f'got {beam_size!r}')
-  document = request.get('document', False)
-  if not isinstance(document, bool):
-    raise RequestError(422, f'document must be true or false, got '
-                            f'{document!r}')
-  language = request.get('language', 'en')
-  if not (isinstance(language, str) and language.isascii() and
-          0 < len(language) <= 16):
-    raise RequestError(422, 'language must be a language code such as "en", '
-                            f'got {language!r}')
-  return TranslateRequest(texts, beam_size, document, language)
-
-
 async def _client_gone(request: Request) -> None:
   """Returns when the client disconnects (the server's ``http.disconnect``,
   which comes once the body has been read and the connection drops)."""
@@ -269,7 +190,7 @@ def _api_key(request: Request) -> str | None:
   return request.headers.get('x-api-key')
 
 
-def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
+def make_app(translator, *, max_batch: int | None = None,
              max_wait_ms: float = 0.0, max_texts: int = 64,
              max_chars: int = 4000, max_body_bytes: int = 1 << 20,
              max_queue: int = 4096, request_timeout_s: float = 60.0,
@@ -277,6 +198,9 @@ def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
   """The service's Starlette app (see the module docstring).
 
   Args:
+    translator: an :class:`~xfmr_jax.serving.ExportedTranslator` (the plain
+      search) or a :class:`~xfmr_jax.workdir_translator.WorkdirTranslator`
+      (every option of :mod:`xfmr_jax.service_request`).
     max_batch: sentences per decoder call (default: the artifact's).
     max_wait_ms: how long an idle decoder waits for a batch to fill.
     max_texts, max_chars, max_body_bytes: request limits (413 beyond them).
@@ -292,15 +216,38 @@ def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
   stats = Stats()
   state = {}
 
-  def run_batch(key, rows):
-    beam_size, _ = key
-    return translator.translate_encoded(rows, beam_size)
+  def run_batch(key, jobs):
+    beam_size, _, options = key
+    if translator.options:
+      return translator.run(jobs, beam_size, options)
+    return [{'translation': t} for t in translator.translate_encoded(
+        [job.ids for job in jobs], beam_size)]
 
   def encode(text: str, index: int):
     try:
       return translator.encode(text, index, too_long='error')
     except InputTooLong as e:
       raise RequestError(413, f'texts[{index}]: {e}') from None
+
+  def jobs_of(asked) -> tuple[list, list]:
+    """The request's jobs (None: a blank text) and its documents' layouts,
+    checked before anything is queued."""
+    layouts = []
+    if asked.document:
+      docs = [documents.split(t, asked.language) for t in asked.texts]
+      parts = [documents.encode(d, translator.tokenizer, translator.max_input)
+               for d in docs]
+      encoded = [ids for rows, _ in parts for ids in rows]
+      layouts = list(zip(docs, parts))
+    else:
+      encoded = [encode(t, i) for i, t in enumerate(asked.texts)]
+    if not translator.options:
+      return [None if ids is None else Job(ids) for ids in encoded], layouts
+    try:
+      return translator.prepare(encoded, asked.beam_size, asked.options,
+                                asked.prefixes, asked.constraints), layouts
+    except ValueError as e:
+      raise RequestError(422, str(e)) from None
 
   def check_key(request: Request) -> None:
     if not keys:
@@ -350,31 +297,30 @@ def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
     try:
       check_key(request)
       try:
-        body = await _read_body(request, max_body_bytes)
+        body = await read_body(request, max_body_bytes)
       except ClientDisconnect:
         raise RequestError(499, 'the client closed the connection') from None
       asked = parse_request(
           body, beam_sizes=translator.beam_sizes, max_texts=max_texts,
-          max_chars=max_chars)
-      texts, beam_size = asked.texts, asked.beam_size
-      if asked.document:
-        docs = [documents.split(t, asked.language) for t in texts]
-        parts = [documents.encode(d, translator.tokenizer,
-                                  translator.max_input) for d in docs]
-        encoded = [ids for rows, _ in parts for ids in rows]
-      else:
-        encoded = [encode(t, i) for i, t in enumerate(texts)]
+          max_chars=max_chars, options=translator.options)
+      jobs, layouts = jobs_of(asked)
       batcher = state['batcher']
-      rows = [ids for ids in encoded if ids is not None]
-      check_room(batcher, len(rows))
-      jobs = [batcher.submit((beam_size, translator.bucket(len(ids))), ids)
-              for ids in rows]
-      done = iter(await decode_all(request, jobs))
-      out = ['' if ids is None else next(done) for ids in encoded]
-      if asked.document:
-        done = iter(out)
-        out = [documents.assemble(d, owner, [next(done) for _ in owner])
-               for d, (_, owner) in zip(docs, parts)]
+      queued = [job for job in jobs if job is not None]
+      check_room(batcher, len(queued))
+      done = iter(await decode_all(request, [
+          batcher.submit((asked.beam_size, translator.bucket(len(job.ids)),
+                          asked.options), job) for job in queued]))
+      results = [EMPTY if job is None else next(done) for job in jobs]
+      out = {'translations': [r['translation'] for r in results]}
+      if layouts:
+        done = iter(out['translations'])
+        out['translations'] = [
+            documents.assemble(doc, owner, [next(done) for _ in owner])
+            for doc, (_, owner) in layouts]
+      if asked.options.num_hypotheses:
+        out['hypotheses'] = [r['hypotheses'] for r in results]
+      if asked.options.alignments:
+        out['alignments'] = [r['alignment'] for r in results]
     except RequestError as e:
       stats.record(e.status, time.perf_counter() - start)
       return JSONResponse({'error': str(e)}, status_code=e.status,
@@ -383,8 +329,8 @@ def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
       stats.record(500, time.perf_counter() - start)
       return JSONResponse({'error': f'{type(e).__name__}: {e}'},
                           status_code=500)
-    stats.record(200, time.perf_counter() - start, len(texts))
-    return JSONResponse({'translations': out, 'beam_size': beam_size})
+    stats.record(200, time.perf_counter() - start, len(asked.texts))
+    return JSONResponse({**out, 'beam_size': asked.beam_size})
 
   page = service_page.render(translator.beam_sizes, max_texts=max_texts,
                              max_chars=max_chars, needs_key=bool(keys))
@@ -398,7 +344,8 @@ def make_app(translator: ExportedTranslator, *, max_batch: int | None = None,
         buckets=translator.buckets, max_input_tokens=translator.max_input,
         max_batch=max_batch, max_texts=max_texts, max_chars=max_chars,
         max_queue=max_queue, request_timeout_s=request_timeout_s,
-        api_keys=bool(keys), platforms=translator.manifest['platforms']))
+        api_keys=bool(keys), platforms=translator.manifest['platforms'],
+        options=sorted(translator.options)))
 
   async def metrics(request: Request):
     try:

@@ -107,6 +107,10 @@ class ExportedTranslator:
   Thread-safe: decoder calls are serialised by a lock (one device).
   """
 
+  # The request options of xfmr_jax.service_request it decodes: none, as the
+  # artifact holds the plain search only.
+  options = frozenset()
+
   def __init__(self, path: str):
     manifest = _read_manifest(path)
     _check_calling_convention(manifest)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from xfmr_jax.token_ids import EOS, PAD
+from xfmr_jax.token_ids import EOS, PAD, UNK
 
 
 NOT_UNDER_HF = ("target prefixes work with beam_rules 'gnmt' (and greedy or "
@@ -66,8 +66,8 @@ def check(prefixes, limit: int) -> None:
   """Host-side checks of prefixes as id lists (``None``: no prefix).
 
   Raises:
-    PrefixError: a prefix holding the pad id or EOS, or one leaving no room
-      for a token after it within ``limit`` output positions.
+    PrefixError: a prefix holding the pad id, EOS or the unknown id, or one
+      leaving no room for a token after it within ``limit`` output positions.
   """
   for i, ids in enumerate(prefixes):
     if ids is None:
@@ -76,6 +76,9 @@ def check(prefixes, limit: int) -> None:
     if bad:
       raise PrefixError(f'prefix {i} holds the id {bad[0]} (pad or EOS), '
                        'which a prefix cannot force')
+    if UNK in ids:
+      raise PrefixError(f'prefix {i} has a token the vocabulary lacks (it '
+                        'maps to the unknown id)')
     if len(ids) >= limit:
       raise PrefixError(f'prefix {i} has {len(ids)} tokens; outputs hold at '
                        f'most {limit} tokens, EOS included, so a prefix has '

@@ -13,7 +13,7 @@ of :mod:`xfmr_jax.serving`).
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -23,6 +23,8 @@ from xfmr_jax import beam_search as beam_lib
 from xfmr_jax import constraints as constraint_lib
 from xfmr_jax import decode, documents, hf_beam, repetition, source_batches
 from xfmr_jax import target_prefix
+from xfmr_jax.alignment import Aligned
+from xfmr_jax.beam_search import Hypothesis
 from xfmr_jax.model import SequenceModel
 from xfmr_jax.source_batches import BUCKETS, InputTooLong
 from xfmr_jax.token_ids import EOS
@@ -65,38 +67,6 @@ def search(model: SequenceModel, params, inputs, *, beam_size: int,
                                 prefix=prefix, constraints=constraints,
                                 word_starts=word_starts, **repeat)
   return out
-
-
-class Hypothesis(NamedTuple):
-  """One translation of an n-best list (:meth:`Translator.nbest`).
-
-  Attributes:
-    text: the translation.
-    score: what the search ranks by, ``log p`` normalised for length (GNMT:
-      ``log p / ((5 + len) / 6) ** alpha``; 'hf': ``log p / len ** alpha``;
-      ``len`` counts the EOS).
-    log_prob: the ``log p`` of its tokens and EOS under the model (of its
-      tokens alone for a hypothesis cut at the output limit), as the search
-      sums it: GNMT's rules renormalise without the pad id, which they never
-      emit; 'hf' bans it after the log-softmax, as ``generate`` does.
-  """
-  text: str
-  score: float
-  log_prob: float
-
-
-class Aligned(NamedTuple):
-  """A translation with its word alignment (:meth:`Translator.align`).
-
-  Attributes:
-    text: the translation.
-    links: sorted ``(source word, translation word)`` index pairs, words
-      being the whitespace-separated ones of each text: each translation
-      word's tokens linked to the source words they attend to most
-      (:mod:`xfmr_jax.alignment`).
-  """
-  text: str
-  links: list[tuple[int, int]]
 
 
 def beam_settings(config) -> dict:
@@ -214,7 +184,7 @@ class Translator:
                        "beam_rules 'gnmt' (and greedy or sampling), not under "
                        "generate's rules ('hf')")
 
-  def _encode_prefixes(self, prefixes, encoded, beam_loop: bool | None = None):
+  def encode_prefixes(self, prefixes, encoded, beam_loop: bool | None = None):
     """Each text's prefix ids (``None``: no prefix), checked; ``beam_loop``:
     decoded by a beam search loop, so not under generate's rules (default:
     what this translator's settings decode with)."""
@@ -231,7 +201,7 @@ class Translator:
     return constraint_lib.word_starts(self.tokenizer,
                                       self.model.config.vocab_size)
 
-  def _encode_constraints(self, constraints, encoded, prefix_ids):
+  def encode_constraints(self, constraints, encoded, prefix_ids):
     """Each text's constraint phrases as id lists (``None``: none), checked,
     and what they are combined with."""
     ids = constraint_lib.encode(self.tokenizer, constraints, encoded,
@@ -280,12 +250,15 @@ class Translator:
     count places them best.
     """
     encoded = self._encode(texts)
-    prefix_ids = self._encode_prefixes(prefixes, encoded)
-    return self._translate(encoded, prefix_ids, self._encode_constraints(
+    prefix_ids = self.encode_prefixes(prefixes, encoded)
+    return self.translate_ids(encoded, prefix_ids, self.encode_constraints(
         constraints, encoded, prefix_ids))
 
-  def _translate(self, encoded, prefix_ids, constraint_ids=None) -> list[str]:
-    """Translations of encoded texts (None: blank, giving '') in order."""
+  def translate_ids(self, encoded, prefix_ids, constraint_ids=None
+                    ) -> list[str]:
+    """Translations of encoded texts (None: blank, giving '') in order, with
+    the checked ids of :meth:`encode_prefixes` and :meth:`encode_constraints`
+    (the service's way in, which encodes each text on its own)."""
 
     def translate_chunk(chunk, width):
       outputs = self.decode_ids(*self._batch(chunk, width, encoded,
@@ -308,7 +281,7 @@ class Translator:
     doc = documents.split(text, language)
     rows, owner = documents.encode(doc, self.tokenizer, self.max_input)
     return documents.assemble(doc, owner,
-                              self._translate(rows, [None] * len(rows)))
+                              self.translate_ids(rows, [None] * len(rows)))
 
   def nbest(self, texts: Sequence[str], num_hypotheses: int,
             prefixes: Sequence[str | None] | None = None,
@@ -328,17 +301,29 @@ class Translator:
       ValueError: ``num_hypotheses`` not in ``1..beam_size``, or a sampling
         translator (``temperature > 0``), which has no ranked list.
     """
+    self.check_nbest(num_hypotheses)
+    encoded = self._encode(texts)
+    prefix_ids = self.encode_prefixes(prefixes, encoded, True)
+    return self.nbest_ids(encoded, num_hypotheses, prefix_ids,
+                          self.encode_constraints(constraints, encoded,
+                                                  prefix_ids))
+
+  def check_nbest(self, num_hypotheses: int) -> None:
+    """The ValueError :meth:`nbest` raises for these settings, if any."""
     if not 1 <= num_hypotheses <= self.beam_size:
       raise ValueError(f'num_hypotheses must be between 1 and the beam size '
                        f'{self.beam_size}, got {num_hypotheses}')
     if self.temperature > 0:
       raise ValueError('n-best lists come from beam search; this translator '
                        f'samples (temperature {self.temperature})')
-    encoded = self._encode(texts)
-    prefix_ids = self._encode_prefixes(prefixes, encoded, True)
-    constraint_ids = self._encode_constraints(constraints, encoded, prefix_ids)
     if self.beam_rules == 'hf':
       self._refuse_repetition_under_hf()  # its beam loop, even at beam 1
+
+  def nbest_ids(self, encoded, num_hypotheses: int, prefix_ids,
+                constraint_ids=None) -> list[list[Hypothesis]]:
+    """:meth:`nbest` of encoded texts and checked options (as
+    :meth:`translate_ids`)."""
+    if self.beam_rules == 'hf':
       beam = hf_beam.beam_search
     else:
       beam = functools.partial(decode.beam_search, **self.repeat)
@@ -375,32 +360,36 @@ class Translator:
         attention weights are not drawn (not an encoder-decoder with full
         attention).
     """
-    if layer is not None:
-      layer = alignment.check_layer(layer, self.model.config.num_decoder_layers)
+    layer = self.check_align(layer)
     encoded = self._encode(texts)
-    prefix_ids = self._encode_prefixes(prefixes, encoded)
+    return self.align_ids(encoded, self.encode_prefixes(prefixes, encoded),
+                          layer=layer)
+
+  def check_align(self, layer: int | None) -> int | None:
+    """``layer`` as an index (None: the default), or the ValueError of
+    :meth:`align`."""
+    decode.check_attention_maps(self.model.config)
+    if layer is None:
+      return None
+    return alignment.check_layer(layer, self.model.config.num_decoder_layers)
+
+  def align_ids(self, encoded, prefix_ids, constraint_ids=None, *,
+                layer: int | None = None) -> list[Aligned]:
+    """:meth:`align` of encoded texts and checked options (as
+    :meth:`translate_ids`), also under constraints."""
 
     def chunk_aligned(chunk, width):
-      inputs, prefix, _ = self._batch(chunk, width, encoded, prefix_ids)
-      outputs = self.decode_ids(inputs, prefix)
+      inputs, prefix, packed = self._batch(chunk, width, encoded, prefix_ids,
+                                           constraint_ids)
+      outputs = self.decode_ids(inputs, prefix, packed)
       positions = np.asarray(alignment.source_positions(
           self.model, self.params, inputs, outputs, layer=layer))
-      return [Aligned(self.tokenizer.decode(outputs[r]),
-                      self._word_links(encoded[i], outputs[r], positions[r]))
+      return [Aligned(self.tokenizer.decode(outputs[r]), alignment.token_links(
+          self.tokenizer, encoded[i], outputs[r], positions[r]))
               for r, i in enumerate(chunk)]
     return source_batches.translate_in_order(
         encoded, self.batch_size, self.max_input, chunk_aligned,
         empty=Aligned('', []))
-
-  def _word_links(self, source_ids, output_ids, positions):
-    """Token positions -> word links (:func:`xfmr_jax.alignment.word_links`)
-    for one EOS-terminated source and its output."""
-    words = lambda ids: alignment.word_starts(
-        [self.tokenizer.id_to_piece(int(i)) for i in ids])
-    output = [int(x) for x in output_ids]
-    output = output[:output.index(EOS)] if EOS in output else output
-    return alignment.word_links(words(source_ids[:-1]), words(output),
-                                positions)
 
   def score(self, sources: Sequence[str],
             targets: Sequence[str]) -> list[np.ndarray]:
