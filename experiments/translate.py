@@ -28,6 +28,11 @@ the rules of ``--language``) are translated and printed between the original
 spaces, line breaks and blank lines; a sentence longer than the model's
 maximum is cut into parts at word boundaries, never truncated.
 
+``--score=FILE`` scores given translations instead, the line of FILE with the
+same number for each input line: it prints ``LOG_PROB ||| TOKEN_LOG_PROBS``,
+the target's log-probability under the model and that of each of its tokens
+and the EOS (teacher forcing; an empty input line is an error).
+
 ``--alignments`` prints ``TRANSLATION ||| LINKS`` per line, ``LINKS`` being
 ``SOURCE_WORD-TRANSLATION_WORD`` index pairs (from 0, words split at
 whitespace), from the cross-attention of ``--alignment_layer`` (default the
@@ -75,6 +80,9 @@ _CONSTRAINTS = flags.DEFINE_string(
     'constraints', None, 'A file of terminology constraints, one line per '
     'input line: target phrases separated by tabs, each of which the '
     'translation must contain (an empty line: none).')
+_SCORE = flags.DEFINE_string(
+    'score', None, 'A file of translations, one per input line, to score '
+    'instead of translating: prints LOG_PROB ||| TOKEN_LOG_PROBS per line.')
 _ALIGN = flags.DEFINE_boolean(
     'alignments', False, 'Print each translation with its word alignment: '
     'TRANSLATION ||| 0-0 1-2 ...')
@@ -129,16 +137,21 @@ def check_flags() -> None:
                           _PREFIXES.value or _CONSTRAINTS.value):
     entry.fail('--document translates a whole text; it cannot be combined '
                'with --nbest, --alignments, --prefixes or --constraints')
-  if _CONSTRAINTS.value is not None:
-    if _BEAM.value == 1 or _TEMPERATURE.value > 0 or _PREFIXES.value:
-      entry.fail('--constraints needs beam search (--beam_size > 1, no '
-                 '--temperature) and no --prefixes')
-    if _ALIGN.value:
-      entry.fail('--constraints and --alignments cannot be combined')
+  if _CONSTRAINTS.value is not None and (
+      _BEAM.value == 1 or _TEMPERATURE.value > 0 or _PREFIXES.value):
+    entry.fail('--constraints needs beam search (--beam_size > 1, no '
+               '--temperature) and no --prefixes')
+  if _SCORE.value is not None and (
+      _DOCUMENT.value or _NBEST.value or _ALIGN.value or _PREFIXES.value or
+      _CONSTRAINTS.value):
+    entry.fail('--score scores given translations; it cannot be combined '
+               'with --document, --nbest, --alignments, --prefixes or '
+               '--constraints')
   if _ALIGN_LAYER.value is not None and not _ALIGN.value:
     entry.fail('--alignment_layer needs --alignments')
   for name, path in (('prefixes', _PREFIXES.value),
-                     ('constraints', _CONSTRAINTS.value)):
+                     ('constraints', _CONSTRAINTS.value),
+                     ('score', _SCORE.value)):
     if path is not None and not os.path.isfile(path):
       entry.fail(f'--{name} {path!r} is not a file')
   if not os.path.isdir(_WORKDIR.value):
@@ -155,6 +168,7 @@ def main(argv):
   else:
     lines = read_lines(sys.stdin.buffer)
     prefixes = per_line(_PREFIXES, 'prefix', lines)
+    targets = per_line(_SCORE, 'translation', lines)
     constraints = per_line(_CONSTRAINTS, 'constraint', lines)
     if constraints is not None:
       constraints = [[p for p in line.split('\t') if p] for line in
@@ -173,6 +187,14 @@ def main(argv):
       repetition_penalty=_PENALTY.value)
   if _DOCUMENT.value:
     sys.stdout.write(translator.translate_document(text, _LANGUAGE.value))
+  elif targets is not None:
+    try:
+      scored = translator.score(lines, targets)
+    except ValueError as e:
+      entry.fail(f'--score: {e}')
+    sys.stdout.write(''.join(
+        f"{sum(map(float, p)):.6f} ||| {' '.join(f'{x:.6f}' for x in p)}\n"
+        for p in scored))
   elif _NBEST.value:
     sys.stdout.write(''.join(nbest_lines(translator.nbest(
         lines, _NBEST.value, prefixes, constraints))))
@@ -186,7 +208,7 @@ def main(argv):
         entry.fail(str(e))
     sys.stdout.write(''.join(
         f"{a.text} ||| {' '.join(f'{s}-{o}' for s, o in a.links)}\n"
-        for a in translator.align(lines, prefixes,
+        for a in translator.align(lines, prefixes, constraints,
                                   layer=_ALIGN_LAYER.value)))
   else:
     sys.stdout.write(''.join(

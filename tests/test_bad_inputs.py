@@ -125,6 +125,8 @@ def test_resuming_with_another_model_names_the_fields(data_dir, tmp_path):
     (['--prefixes=/nonexistent/p.txt'], "--prefixes '/nonexistent/p.txt' is "
      'not a file'),
     (['--document', '--alignments'], '--document translates a whole text'),
+    (['--score=/etc/hostname', '--nbest=2'], '--score scores given '
+     'translations; it cannot be combined'),
     (['--constraints=/etc/hostname', '--beam_size=1'], '--constraints needs '
      'beam search'),
     (['--workdir=/nonexistent/run'], 'is not a directory'),

@@ -130,6 +130,32 @@ def test_beam_search_matches_generate(hf, max_new, monkeypatch):
                                out.sequences_scores.numpy(), atol=1e-4)
 
 
+def test_anti_repetition_in_beam_search_matches_generate(hf):
+  """generate's no_repeat_ngram_size and repetition_penalty act on each
+  beam's log-probabilities; hf_beam's do too (outputs and scores equal)."""
+  batch, inputs = hf_batch(hf, SOURCES)
+  for settings in (dict(no_repeat_ngram_size=2),
+                   dict(repetition_penalty=1.3)):
+    with torch.no_grad():
+      out = hf['model'].generate(**batch, num_beams=4, do_sample=False,
+                                 max_new_tokens=25, length_penalty=1.0,
+                                 early_stopping=False, output_scores=True,
+                                 return_dict_in_generate=True, **settings)
+    seqs = out.sequences.numpy()[:, 1:]
+    want = to_ours(hf, seqs)
+    want[seqs == hf['pad']] = PAD
+    tokens, scores = hf_beam.beam_search(hf['ours'], hf['params'], inputs,
+                                         beam_size=4, alpha=1.0,
+                                         max_decode_len=25, **settings)
+    np.testing.assert_array_equal(np.asarray(tokens)[:, :want.shape[1]],
+                                  want, err_msg=str(settings))
+    np.testing.assert_allclose(np.asarray(scores),
+                               out.sequences_scores.numpy(), atol=1e-4)
+  plain, _ = hf_beam.beam_search(hf['ours'], hf['params'], inputs,
+                                 beam_size=4, alpha=1.0, max_decode_len=25)
+  assert not np.array_equal(plain, tokens)  # the settings changed something
+
+
 def test_import_translate_and_finetune_end_to_end(hf, tmp_path):
   workdir = str(tmp_path / 'imported')
   run = subprocess.run(

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tests.test_decode import build, sources
-from xfmr_jax import decode, repetition
+from xfmr_jax import decode, hf_beam, repetition
 from xfmr_jax.token_ids import EOS, PAD
 
 VOCAB = 12
@@ -61,7 +61,7 @@ def looping_model():
   return m, params, sources(batch=4, vocab=VOCAB)
 
 
-def test_no_repeated_bigram_in_greedy_sampling_or_beam(looping_model):
+def test_no_repeated_bigram_in_greedy_sampling_or_either_beam(looping_model):
   m, params, src = looping_model
   length = 24
   runs = {
@@ -72,6 +72,9 @@ def test_no_repeated_bigram_in_greedy_sampling_or_beam(looping_model):
           max_decode_len=length, **kw),
       'beam': lambda **kw: decode.beam_search(
           m, params, src, beam_size=3, max_decode_len=length, **kw)[0],
+      'hf beam': lambda **kw: hf_beam.beam_search(
+          m, params, src, beam_size=3, max_decode_len=length,
+          force_eos=False, **kw)[0],
   }
   for name, run in runs.items():
     plain, fixed = (np.asarray(run(**kw)) for kw in (

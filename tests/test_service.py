@@ -143,6 +143,8 @@ def test_chunked_huge_body_and_wrong_method(service):
   r = httpx.post(service + '/translate', content=chunks())  # no length
   assert r.status_code == 413 and 'over the limit' in r.json()['error']
   assert httpx.get(service + '/translate').status_code == 405
+  r = httpx.post(service + '/score', json={'sources': ['a'], 'targets': ['b']})
+  assert r.status_code == 422 and 'scoring needs a service' in r.json()['error']
   assert httpx.get(service + '/health').json()['status'] == 'ok'
 
 

@@ -111,6 +111,37 @@ def test_alignments_equal_the_translators(client, sources, translators):
   assert body['translations'] == [a.text for a in aligned]
   assert body['alignments'] == [[list(p) for p in a.links] for a in aligned]
   assert body['alignments'][3] == [] and all(body['alignments'][:3])
+  # With constraints, at beam 4.
+  constraints = [['ki'], None]
+  body = _post(client, texts=sources[:2], alignments=True,
+               constraints=constraints)
+  aligned = translators(beam_size=4).align(sources[:2],
+                                           constraints=constraints)
+  assert body['translations'] == [a.text for a in aligned]
+  assert 'ki' in body['translations'][0].split()
+  assert body['alignments'] == [[list(p) for p in a.links] for a in aligned]
+
+
+def test_scores_equal_the_translators(client, data_dir, translators):
+  test = data.get_source('toy_translate/small', 'test', str(data_dir))
+  pairs = [test[i] for i in range(3)] + [(test[3][0], '')]
+  r = client.post('/score', json={'sources': [s for s, _ in pairs],
+                                  'targets': [t for _, t in pairs]})
+  assert r.status_code == 200, r.text
+  want = translators(beam_size=4).score(*zip(*pairs))
+  for got, w in zip(r.json()['scores'], want, strict=True):
+    assert got['token_log_probs'] == pytest.approx(w.tolist(), abs=1e-5)
+    assert got['log_prob'] == pytest.approx(float(w.sum()), abs=1e-4)
+  for body, status, message in (
+      ({'sources': ['a'], 'targets': []}, 422, '1 sources but 0 targets'),
+      ({'sources': ['a', ' '], 'targets': ['b', 'c']}, 422,
+       'source 1 is empty'),
+      ({'sources': ['a'], 'targets': ['b ' * 300]}, 422,
+       'more than the model maximum'),
+      ({'sources': ['a'], 'texts': ['b']}, 422, "unknown field 'texts'"),
+      ({'sources': ['a'] * 9, 'targets': ['b'] * 9}, 413, 'at most 8')):
+    r = client.post('/score', json=body)
+    assert r.status_code == status and message in r.json()['error'], r.text
 
 
 @pytest.mark.parametrize('body, message', [

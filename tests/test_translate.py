@@ -235,7 +235,7 @@ def test_bad_constraints_are_one_clear_error_each(translator,
 
 def test_anti_repetition_settings_reach_the_decoder(translator, data_dir):
   """A translator's no_repeat_ngram_size reaches the jitted loop: its output
-  ids hold no repeated bigram; bad or unsupported settings are one error."""
+  ids hold no token twice; a bad setting is one error."""
   test = data.get_source('toy_translate/small', 'test', str(data_dir))
   tok = translator.tokenizer
   rows = [tok.encode(test[i][0]) + [EOS] for i in range(8)]
@@ -248,9 +248,6 @@ def test_anti_repetition_settings_reach_the_decoder(translator, data_dir):
   with pytest.raises(ValueError, match='repetition_penalty must be > 0'):
     Translator(translator.model, translator.params, tok,
                repetition_penalty=0)
-  with pytest.raises(ValueError, match="not under generate's rules"):
-    Translator(translator.model, translator.params, tok, beam_size=4,
-               beam_rules='hf', no_repeat_ngram_size=3)
 
 
 def test_score_rejects_bad_pairs_with_one_clear_error(translator):
@@ -339,6 +336,19 @@ def test_cli_nbest_prefix_and_sampling_flags(workdir, data_dir,
   assert constrained.returncode == 0, constrained.stderr.decode()
   assert constrained.stdout.decode().splitlines() == beam_translator(
       sources, constraints=[['ki', 'shu'], None, ['horitanar']])
+  # LOG_PROB ||| TOKEN_LOG_PROBS for given translations.
+  targets = tmp_path / 'targets.txt'
+  pairs = [test[0], test[1]]
+  targets.write_text(''.join(t + '\n' for _, t in pairs))
+  scored = run_cli(''.join(s + '\n' for s, _ in pairs).encode(),
+                   f'--workdir={workdir}', f'--score={targets}')
+  assert scored.returncode == 0, scored.stderr.decode()
+  for line, want in zip(scored.stdout.decode().splitlines(),
+                        beam_translator.score(*zip(*pairs)), strict=True):
+    total, tokens = line.split(' ||| ')
+    np.testing.assert_allclose([float(x) for x in tokens.split()], want,
+                               atol=1e-5)
+    assert float(total) == pytest.approx(float(np.sum(want)), abs=1e-4)
   sampled = run_cli(stdin, f'--workdir={workdir}', '--temperature=0.7',
                     '--top_k=5', '--seed=3', '--alignments',
                     '--alignment_layer=-1')

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from xfmr_jax import beam_search as beam_lib
 from xfmr_jax import constraints as constraint_lib
-from xfmr_jax import decode, decode_steps, target_prefix
+from xfmr_jax import decode, decode_steps, repetition, target_prefix
 from xfmr_jax import top_k as topk
 from xfmr_jax.token_ids import EOS, PAD
 
@@ -55,7 +55,7 @@ def _finish_scores(fin_scores, fin_seqs, fin_done, scores, seqs, done):
           take(jnp.concatenate([fin_done, done], axis=1)))
 
 
-def _best_extensions(logits, alive_logp, n, forced):
+def _best_extensions(logits, alive_logp, n, forced, normalised=False):
   """The ``n`` best ``alive_logp + log p(token)`` over every beam and token,
   as ``generate`` ranks them, without materialising the log-softmax.
 
@@ -68,6 +68,8 @@ def _best_extensions(logits, alive_logp, n, forced):
 
   Args:
     logits: ``[batch * k, vocab]``; alive_logp: ``[batch, k]``.
+    normalised: static; ``logits`` are log-probabilities already (processed
+      after the log-softmax, which nothing renormalises).
 
   Returns:
     ``(logp [batch, n], parent [batch, n], token [batch, n])``, best first.
@@ -85,7 +87,8 @@ def _best_extensions(logits, alive_logp, n, forced):
   values, tokens = topk.top_k(logits, n + 1)
   # The row maximum is the best of those n + 1 (taken as values[:, :1],
   # XLA's CPU backend sorted the whole row instead, see docs/benchmarks.md).
-  lse = decode_steps.logsumexp(logits, jnp.max(values, axis=-1, keepdims=True))
+  lse = 0.0 if normalised else decode_steps.logsumexp(
+      logits, jnp.max(values, axis=-1, keepdims=True))
   values = jnp.where(tokens == PAD, -jnp.inf, values)
   values, pick = jax.lax.top_k(values, n)
   tokens = jnp.take_along_axis(tokens, pick, axis=-1)
@@ -108,9 +111,14 @@ class Generate:
     alpha: ``generate``'s ``length_penalty``: scores are
       ``sum log p / len ** alpha``.
     force_eos: force EOS at the last position (``forced_eos_token_id``).
+    no_repeat_ngram_size, repetition_penalty: ``generate``'s settings of
+      those names (:mod:`xfmr_jax.repetition`; 0 and 1.0: off). As there,
+      they act on each beam's log-probabilities, after the log-softmax.
   """
   alpha: float = 1.0
   force_eos: bool = True
+  no_repeat_ngram_size: int = 0
+  repetition_penalty: float = 1.0
 
   def init(self, batch, k, length):
     zeros = jnp.zeros((batch, k, length), jnp.int32)
@@ -130,10 +138,17 @@ class Generate:
     if 'constraints' in beams:
       raise constraint_lib.ConstraintError(constraint_lib.NOT_UNDER_HF)
     alpha = self.alpha
-    k = beams['alive_logp'].shape[1]
+    batch, k = beams['alive_logp'].shape
+    repeat = self.no_repeat_ngram_size or self.repetition_penalty != 1.0
+    if repeat:
+      logits = repetition.process(
+          logits - decode_steps.logsumexp(logits),
+          beams['alive_seqs'].reshape(batch * k, length), t,
+          no_repeat_ngram_size=self.no_repeat_ngram_size,
+          repetition_penalty=self.repetition_penalty)
     top_logp, parent, token = _best_extensions(
         logits, beams['alive_logp'], 2 * k,
-        self.force_eos & (t == length - 1))                # [batch, 2k]
+        self.force_eos & (t == length - 1), normalised=repeat)  # [batch, 2k]
     seqs = jnp.take_along_axis(beams['alive_seqs'], parent[..., None], axis=1)
     seqs = seqs.at[:, :, t].set(token)
     ended = (token == EOS) | (t + 1 >= length)
@@ -177,10 +192,11 @@ class Generate:
 
 @functools.partial(jax.jit, static_argnames=(
     'model', 'beam_size', 'alpha', 'max_decode_len', 'force_eos', 'compact',
-    'num_hypotheses'))
+    'num_hypotheses', 'no_repeat_ngram_size', 'repetition_penalty'))
 def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
                 max_decode_len=None, force_eos=True, compact=True,
-                num_hypotheses=None, prefix=None):
+                num_hypotheses=None, prefix=None, no_repeat_ngram_size=0,
+                repetition_penalty=1.0):
   """``generate(num_beams=beam_size, length_penalty=alpha)`` in JAX:
   :func:`xfmr_jax.beam_search.loop` under :class:`Generate`.
 
@@ -192,6 +208,8 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
     force_eos: static; force EOS at the last position (``forced_eos_token_id``).
     compact: static; as in :func:`xfmr_jax.beam_search.search`.
     prefix: must be None: target prefixes are GNMT's (a ValueError here).
+    no_repeat_ngram_size, repetition_penalty: static; as ``generate``'s
+      (:class:`Generate`).
 
   Returns:
     ``(tokens [batch, max_decode_len] int32, scores [batch] float32)``: the
@@ -200,7 +218,9 @@ def beam_search(model, params, inputs, *, beam_size=4, alpha=1.0,
     :func:`xfmr_jax.beam_search.search` gives them.
   """
   decode.TRACE_COUNTS['hf_beam_search'] += 1
-  return beam_lib.loop(model, params, inputs, Generate(alpha, force_eos),
+  rules = Generate(alpha, force_eos, no_repeat_ngram_size,
+                   float(repetition_penalty))
+  return beam_lib.loop(model, params, inputs, rules,
                        beam_size=beam_size, max_decode_len=max_decode_len,
                        compact=compact, num_hypotheses=num_hypotheses,
                        prefix=prefix)

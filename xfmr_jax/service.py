@@ -20,6 +20,10 @@ Endpoints:
   ``"prefixes"``, ``"constraints"``, anti-repetition and alignments
   (``"alignments": true`` adds ``"alignments"``: per text ``[[source word,
   translation word], ...]``); see :mod:`xfmr_jax.service_request`.
+- ``POST /score`` with ``{"sources": [str, ...], "targets": [str, ...]}``
+  (from a workdir) answers ``{"scores": [{"log_prob": float,
+  "token_log_probs": [float, ...]}, ...]}``: each target's log-probability
+  given its source, and its tokens' with the EOS last (teacher forcing).
 - ``GET /health``: ``{"status": "ok", ...}`` with the artifact's settings.
 - ``GET /metrics``: request counts by status, texts, batches and their mean
   size, the queue, latency percentiles (ms) over the last 10,000 requests;
@@ -59,7 +63,8 @@ from xfmr_jax import documents, service_page
 from xfmr_jax.extras import require
 from xfmr_jax.service_metrics import (PROMETHEUS_CONTENT_TYPE, Stats,
                                       prometheus_text, wants_prometheus)
-from xfmr_jax.service_request import Job, RequestError, parse_request, read_body
+from xfmr_jax.service_request import (SCORE, Job, RequestError, parse_request,
+                                      parse_score_request, read_body)
 from xfmr_jax.serving import InputTooLong
 
 _WHY = 'the HTTP service (xfmr_jax.service)'
@@ -218,6 +223,8 @@ def make_app(translator, *, max_batch: int | None = None,
 
   def run_batch(key, jobs):
     beam_size, _, options = key
+    if beam_size == SCORE:
+      return translator.score(jobs)
     if translator.options:
       return translator.run(jobs, beam_size, options)
     return [{'translation': t} for t in translator.translate_encoded(
@@ -292,45 +299,72 @@ def make_app(translator, *, max_batch: int | None = None,
                        '(--request_timeout_s); the service is overloaded or '
                        'the texts are long: retry later or send fewer')
 
-  async def translate(request: Request):
-    start = time.perf_counter()
-    try:
-      check_key(request)
+  def endpoint(answer):
+    """A POST handler around ``answer(request, body) -> (JSON, texts)``: the
+    key, the body, the errors and the counters of every request."""
+
+    async def handle(request: Request):
+      start = time.perf_counter()
       try:
-        body = await read_body(request, max_body_bytes)
-      except ClientDisconnect:
-        raise RequestError(499, 'the client closed the connection') from None
-      asked = parse_request(
-          body, beam_sizes=translator.beam_sizes, max_texts=max_texts,
-          max_chars=max_chars, options=translator.options)
-      jobs, layouts = jobs_of(asked)
-      batcher = state['batcher']
-      queued = [job for job in jobs if job is not None]
-      check_room(batcher, len(queued))
-      done = iter(await decode_all(request, [
-          batcher.submit((asked.beam_size, translator.bucket(len(job.ids)),
-                          asked.options), job) for job in queued]))
-      results = [EMPTY if job is None else next(done) for job in jobs]
-      out = {'translations': [r['translation'] for r in results]}
-      if layouts:
-        done = iter(out['translations'])
-        out['translations'] = [
-            documents.assemble(doc, owner, [next(done) for _ in owner])
-            for doc, (_, owner) in layouts]
-      if asked.options.num_hypotheses:
-        out['hypotheses'] = [r['hypotheses'] for r in results]
-      if asked.options.alignments:
-        out['alignments'] = [r['alignment'] for r in results]
-    except RequestError as e:
-      stats.record(e.status, time.perf_counter() - start)
-      return JSONResponse({'error': str(e)}, status_code=e.status,
-                          headers=e.headers)
-    except Exception as e:  # pylint: disable=broad-except
-      stats.record(500, time.perf_counter() - start)
-      return JSONResponse({'error': f'{type(e).__name__}: {e}'},
-                          status_code=500)
-    stats.record(200, time.perf_counter() - start, len(asked.texts))
-    return JSONResponse({**out, 'beam_size': asked.beam_size})
+        check_key(request)
+        try:
+          body = await read_body(request, max_body_bytes)
+        except ClientDisconnect:
+          raise RequestError(499, 'the client closed the connection') from None
+        out, texts = await answer(request, body)
+      except RequestError as e:
+        stats.record(e.status, time.perf_counter() - start)
+        return JSONResponse({'error': str(e)}, status_code=e.status,
+                            headers=e.headers)
+      except Exception as e:  # pylint: disable=broad-except
+        stats.record(500, time.perf_counter() - start)
+        return JSONResponse({'error': f'{type(e).__name__}: {e}'},
+                            status_code=500)
+      stats.record(200, time.perf_counter() - start, texts)
+      return JSONResponse(out)
+    return handle
+
+  async def submit_all(request: Request, keyed: list) -> list:
+    """The results of ``(key, item)`` pairs, queued if there is room."""
+    check_room(state['batcher'], len(keyed))
+    return await decode_all(request, [state['batcher'].submit(key, item)
+                                      for key, item in keyed])
+
+  async def translate(request: Request, body: bytes):
+    asked = parse_request(
+        body, beam_sizes=translator.beam_sizes, max_texts=max_texts,
+        max_chars=max_chars, options=translator.options)
+    jobs, layouts = jobs_of(asked)
+    done = iter(await submit_all(request, [
+        ((asked.beam_size, translator.bucket(len(job.ids)), asked.options),
+         job) for job in jobs if job is not None]))
+    results = [EMPTY if job is None else next(done) for job in jobs]
+    out = {'translations': [r['translation'] for r in results]}
+    if layouts:
+      done = iter(out['translations'])
+      out['translations'] = [
+          documents.assemble(doc, owner, [next(done) for _ in owner])
+          for doc, (_, owner) in layouts]
+    if asked.options.num_hypotheses:
+      out['hypotheses'] = [r['hypotheses'] for r in results]
+    if asked.options.alignments:
+      out['alignments'] = [r['alignment'] for r in results]
+    return {**out, 'beam_size': asked.beam_size}, len(asked.texts)
+
+  async def score(request: Request, body: bytes):
+    sources, targets = parse_score_request(
+        body, max_texts=max_texts, max_chars=max_chars,
+        options=translator.options)
+    encoded = [encode(t, i) for i, t in enumerate(sources)]
+    try:
+      wanted = translator.encode_targets(encoded, targets)
+    except ValueError as e:
+      raise RequestError(422, str(e)) from None
+    scores = await submit_all(request, [
+        ((SCORE, translator.bucket(len(ids)), None), (ids, target))
+        for ids, target in zip(encoded, wanted)])
+    return {'scores': [{'log_prob': sum(p), 'token_log_probs': p}
+                       for p in scores]}, len(sources)
 
   page = service_page.render(translator.beam_sizes, max_texts=max_texts,
                              max_chars=max_chars, needs_key=bool(keys))
@@ -367,7 +401,9 @@ def make_app(translator, *, max_batch: int | None = None,
     await state['batcher'].close()
 
   return Starlette(routes=[Route('/', index, methods=['GET']),
-                           Route('/translate', translate, methods=['POST']),
+                           Route('/translate', endpoint(translate),
+                                 methods=['POST']),
+                           Route('/score', endpoint(score), methods=['POST']),
                            Route('/health', health, methods=['GET']),
                            Route('/metrics', metrics, methods=['GET'])],
                    lifespan=lifespan)

@@ -1,4 +1,4 @@
-"""The ``/translate`` request of :mod:`xfmr_jax.service`: reading and checking.
+"""The requests of :mod:`xfmr_jax.service`: reading and checking them.
 
 A body is a JSON object; every field but ``texts`` is optional::
 
@@ -13,7 +13,8 @@ A body is a JSON object; every field but ``texts`` is optional::
 
 The fields after ``language`` change the search, so they need a translator
 that decodes them (a training workdir's; :mod:`xfmr_jax.workdir_translator`);
-an exported artifact runs the plain search only. Needs no model code.
+an exported artifact runs the plain search only. So does ``/score``'s
+``{"sources": [...], "targets": [...]}``. Needs no model code.
 """
 from __future__ import annotations
 
@@ -25,6 +26,16 @@ OPTION_FIELDS = ('num_hypotheses', 'prefixes', 'constraints',
                  'no_repeat_ngram_size', 'repetition_penalty', 'alignments',
                  'alignment_layer')
 FIELDS = ('texts', 'beam_size', 'document', 'language') + OPTION_FIELDS
+# ``POST /score``: given translations' log-probabilities, which needs a
+# translator that has ``SCORE`` among its options.
+SCORE = 'score'
+SCORE_FIELDS = ('sources', 'targets')
+
+
+_NEEDS_WORKDIR = ('needs a service that decodes it: this one runs an exported '
+                  'artifact, which holds the plain search only; serve a '
+                  'training workdir (python -m experiments.serve '
+                  '--workdir=DIR)')
 
 
 class RequestError(Exception):
@@ -87,7 +98,7 @@ async def read_body(request, limit: int) -> bytes:
   return b''.join(chunks)
 
 
-def _json_object(body: bytes) -> dict:
+def _json_object(body: bytes, fields: Sequence[str] = FIELDS) -> dict:
   try:
     text = body.decode('utf-8')
   except UnicodeDecodeError as e:
@@ -100,10 +111,10 @@ def _json_object(body: bytes) -> dict:
   if not isinstance(request, dict):
     raise RequestError(422, 'body must be a JSON object like '
                             '{"texts": ["..."], "beam_size": 4}')
-  unknown = sorted(set(request) - set(FIELDS))
+  unknown = sorted(set(request) - set(fields))
   if unknown:
     raise RequestError(422, f'unknown field {unknown[0]!r}; the fields are '
-                            f'{list(FIELDS)}')
+                            f'{list(fields)}')
   return request
 
 
@@ -178,10 +189,7 @@ def parse_request(body: bytes, *, beam_sizes: Sequence[int], max_texts: int,
   request = _json_object(body)
   absent = [f for f in OPTION_FIELDS if f in request and f not in options]
   if absent:
-    raise RequestError(422, f'{absent[0]} needs a service that decodes it: '
-                            'this one runs an exported artifact, which holds '
-                            'the plain search only; serve a training workdir '
-                            '(python -m experiments.serve --workdir=DIR)')
+    raise RequestError(422, f'{absent[0]} {_NEEDS_WORKDIR}')
   texts = _strings(request.get('texts'), 'texts', max_chars)
   if len(texts) > max_texts:
     raise RequestError(413, f'{len(texts)} texts; at most {max_texts} per '
@@ -209,3 +217,23 @@ def parse_request(body: bytes, *, beam_sizes: Sequence[int], max_texts: int,
                             'anti-repetition; n-best lists, prefixes, '
                             'constraints and alignments are per sentence')
   return asked
+
+
+def parse_score_request(body: bytes, *, max_texts: int, max_chars: int,
+                        options: frozenset = frozenset()
+                        ) -> tuple[list[str], list[str]]:
+  """The sources and targets of a ``/score`` body
+  (``{"sources": [...], "targets": [...]}``, as many of each), or a
+  RequestError."""
+  request = _json_object(body, SCORE_FIELDS)
+  if SCORE not in options:
+    raise RequestError(422, f'scoring {_NEEDS_WORKDIR}')
+  sources = _strings(request.get('sources'), 'sources', max_chars)
+  targets = _strings(request.get('targets'), 'targets', max_chars)
+  if len(sources) != len(targets):
+    raise RequestError(422, f'{len(sources)} sources but {len(targets)} '
+                            'targets: give one target per source')
+  if len(sources) > max_texts:
+    raise RequestError(413, f'{len(sources)} pairs; at most {max_texts} per '
+                            'request')
+  return sources, targets

@@ -47,8 +47,8 @@ def search(model: SequenceModel, params, inputs, *, beam_size: int,
   :func:`xfmr_jax.decode.beam_search`; 'hf': :func:`xfmr_jax.hf_beam.
   beam_search`, Hugging Face ``generate``'s scoring), with the
   anti-repetition settings of :mod:`xfmr_jax.repetition` and target
-  prefixes ``[batch, p]`` of :mod:`xfmr_jax.target_prefix` (neither under
-  'hf') and terminology constraints ``[batch, C]`` of
+  prefixes ``[batch, p]`` of :mod:`xfmr_jax.target_prefix` (not under 'hf')
+  and terminology constraints ``[batch, C]`` of
   :mod:`xfmr_jax.constraints` with the ``[vocab]`` ``word_starts`` of the
   tokenizer (GNMT's beam search only). Traceable: the exported translator
   (:mod:`xfmr_jax.export`) runs this same function."""
@@ -60,7 +60,7 @@ def search(model: SequenceModel, params, inputs, *, beam_size: int,
   if beam_rules == 'hf':
     out, _ = hf_beam.beam_search(model, params, inputs, beam_size=beam_size,
                                  alpha=alpha, max_decode_len=max_decode_len,
-                                 prefix=prefix)
+                                 prefix=prefix, **repeat)
   else:
     out, _ = decode.beam_search(model, params, inputs, beam_size=beam_size,
                                 alpha=alpha, max_decode_len=max_decode_len,
@@ -95,8 +95,8 @@ class Translator:
     temperature, top_k, top_p, seed: sampling instead of search when
       ``temperature > 0``.
     no_repeat_ngram_size, repetition_penalty: anti-repetition in greedy
-      decoding, sampling and GNMT's beam search (:mod:`xfmr_jax.repetition`;
-      0 and 1.0: off; not with ``beam_rules='hf'`` at beam sizes above 1).
+      decoding, sampling and beam search (:mod:`xfmr_jax.repetition`; 0 and
+      1.0: off; under 'hf' as ``generate`` has them).
   """
 
   def __init__(self, model: SequenceModel, params, tokenizer: Tokenizer, *,
@@ -119,8 +119,6 @@ class Translator:
     self.too_long = too_long
     self.repeat = dict(no_repeat_ngram_size=no_repeat_ngram_size,
                        repetition_penalty=float(repetition_penalty))
-    if beam_size > 1 and temperature == 0:
-      self._refuse_repetition_under_hf()
     self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
     self._rng = jax.random.key(seed)
     self.max_input = source_batches.max_input_length(
@@ -176,13 +174,6 @@ class Translator:
     return [source_batches.encode_source(self.tokenizer, t, i, self.max_input,
                                          self.too_long)
             for i, t in enumerate(texts)]
-
-  def _refuse_repetition_under_hf(self) -> None:
-    if self.beam_rules == 'hf' and (self.repeat['no_repeat_ngram_size'] or
-                                    self.repeat['repetition_penalty'] != 1.0):
-      raise ValueError('no_repeat_ngram_size and repetition_penalty work with '
-                       "beam_rules 'gnmt' (and greedy or sampling), not under "
-                       "generate's rules ('hf')")
 
   def encode_prefixes(self, prefixes, encoded, beam_loop: bool | None = None):
     """Each text's prefix ids (``None``: no prefix), checked; ``beam_loop``:
@@ -316,17 +307,13 @@ class Translator:
     if self.temperature > 0:
       raise ValueError('n-best lists come from beam search; this translator '
                        f'samples (temperature {self.temperature})')
-    if self.beam_rules == 'hf':
-      self._refuse_repetition_under_hf()  # its beam loop, even at beam 1
 
   def nbest_ids(self, encoded, num_hypotheses: int, prefix_ids,
                 constraint_ids=None) -> list[list[Hypothesis]]:
     """:meth:`nbest` of encoded texts and checked options (as
     :meth:`translate_ids`)."""
-    if self.beam_rules == 'hf':
-      beam = hf_beam.beam_search
-    else:
-      beam = functools.partial(decode.beam_search, **self.repeat)
+    beam = functools.partial(hf_beam.beam_search if self.beam_rules == 'hf'
+                             else decode.beam_search, **self.repeat)
 
     def chunk_nbest(chunk, width):
       inputs, prefix, packed = self._batch(chunk, width, encoded, prefix_ids,
@@ -348,12 +335,14 @@ class Translator:
     return [[] if hyps is None else hyps for hyps in out]
 
   def align(self, texts: Sequence[str],
-            prefixes: Sequence[str | None] | None = None, *,
+            prefixes: Sequence[str | None] | None = None,
+            constraints: Sequence[Sequence[str] | None] | None = None, *,
             layer: int | None = None) -> list[Aligned]:
-    """Translations of ``texts`` (as :meth:`__call__` gives them) with their
-    word alignments, from the cross-attention of decoder ``layer`` (default:
-    the penultimate, :func:`xfmr_jax.alignment.default_layer`) over the
-    decoded output. An empty text gets ``Aligned('', [])``.
+    """Translations of ``texts`` (as :meth:`__call__` gives them, with the
+    same options) with their word alignments, from the cross-attention of
+    decoder ``layer`` (default: the penultimate,
+    :func:`xfmr_jax.alignment.default_layer`) over the decoded output. An
+    empty text gets ``Aligned('', [])``.
 
     Raises:
       ValueError: a layer the decoder does not have, or a model whose
@@ -362,8 +351,9 @@ class Translator:
     """
     layer = self.check_align(layer)
     encoded = self._encode(texts)
-    return self.align_ids(encoded, self.encode_prefixes(prefixes, encoded),
-                          layer=layer)
+    prefix_ids = self.encode_prefixes(prefixes, encoded)
+    return self.align_ids(encoded, prefix_ids, self.encode_constraints(
+        constraints, encoded, prefix_ids), layer=layer)
 
   def check_align(self, layer: int | None) -> int | None:
     """``layer`` as an index (None: the default), or the ValueError of
@@ -376,7 +366,7 @@ class Translator:
   def align_ids(self, encoded, prefix_ids, constraint_ids=None, *,
                 layer: int | None = None) -> list[Aligned]:
     """:meth:`align` of encoded texts and checked options (as
-    :meth:`translate_ids`), also under constraints."""
+    :meth:`translate_ids`)."""
 
     def chunk_aligned(chunk, width):
       inputs, prefix, packed = self._batch(chunk, width, encoded, prefix_ids,
@@ -408,10 +398,15 @@ class Translator:
     """
     if len(sources) != len(targets):
       raise ValueError(f'{len(sources)} sources but {len(targets)} targets')
+    encoded = self._encode(sources)
+    return self.score_ids(encoded, self.encode_targets(encoded, targets))
+
+  def encode_targets(self, encoded, targets) -> list[list[int]]:
+    """Each target's ids with EOS, checked (the ValueErrors of :meth:`score`)
+    against the encoded sources."""
     if self.model.config.model_kind != 'encoder_decoder':
       raise ValueError('score needs an encoder-decoder model, got '
                        f'{self.model.config.model_kind!r}')
-    encoded = self._encode(sources)
     empty = [i for i, ids in enumerate(encoded) if ids is None]
     if empty:
       raise ValueError(f'source {empty[0]} is empty; there is nothing to '
@@ -422,7 +417,12 @@ class Translator:
       if len(ids) > limit:
         raise ValueError(f'target {i} has {len(ids)} tokens, more than the '
                          f'model maximum {limit}')
-    out = [None] * len(sources)
+    return wanted
+
+  def score_ids(self, encoded, wanted) -> list[np.ndarray]:
+    """:meth:`score` of encoded sources and :meth:`encode_targets`' ids."""
+    limit = self.model.config.max_len
+    out = [None] * len(encoded)
     for chunk, width in source_batches.plan(encoded, self.batch_size,
                                             self.max_input):
       rows = [wanted[i] for i in chunk]

@@ -8,9 +8,9 @@ beam size and bucket, and runs without model code. Served from a workdir, the
 service decodes with :class:`~xfmr_jax.translate.Translator` instead, so a
 request may also ask for n-best lists with scores, target prefixes,
 terminology constraints, anti-repetition and alignments
-(:data:`xfmr_jax.service_request.OPTION_FIELDS`). Plain requests give the
-artifact's translations token for token: both run the same search with the
-same buckets and row padding.
+(:data:`xfmr_jax.service_request.OPTION_FIELDS`), and ``/score`` scores given
+translations. Plain requests give the artifact's translations token for
+token: both run the same search with the same buckets and row padding.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from xfmr_jax import constraints as constraint_lib
 from xfmr_jax import decode, serving, source_batches, target_prefix
-from xfmr_jax.service_request import OPTION_FIELDS, Job, Options
+from xfmr_jax.service_request import OPTION_FIELDS, SCORE, Job, Options
 from xfmr_jax.token_ids import EOS
 from xfmr_jax.translate import Translator, beam_settings
 from xfmr_jax.workdir import Workdir
@@ -41,7 +41,7 @@ class WorkdirTranslator:
       (and ``python -m experiments.export``) take them.
   """
 
-  options = frozenset(OPTION_FIELDS)
+  options = frozenset(OPTION_FIELDS + (SCORE,))
 
   def __init__(self, workdir: str, *, beam_sizes: Sequence[int] = (4, 1),
                step: int | None = None, batch_size: int = 64,
@@ -142,6 +142,17 @@ class WorkdirTranslator:
                                             layer=options.alignment_layer)]
     return [{'translation': t}
             for t in translator.translate_ids(encoded, prefixes, phrases)]
+
+  def encode_targets(self, encoded, targets) -> list[list[int]]:
+    """Targets to score as ids with EOS, checked against their encoded
+    sources (:meth:`~xfmr_jax.translate.Translator.encode_targets`)."""
+    return self.translator(self.beam_sizes[0]).encode_targets(encoded, targets)
+
+  def score(self, pairs) -> list[list[float]]:
+    """``(source ids, target ids)`` pairs of one source bucket -> each
+    target's token log-probabilities, EOS last (teacher forcing)."""
+    return [p.tolist() for p in self.translator(self.beam_sizes[0]).score_ids(
+        [source for source, _ in pairs], [target for _, target in pairs])]
 
   def translate_encoded(self, rows, beam_size=None) -> list[str]:
     """Plain translations of encoded sources (as the artifact's)."""
