@@ -19,8 +19,8 @@ from xfmr_jax.workdir_translator import WorkdirTranslator  # noqa: E402
 
 @pytest.fixture(scope='module')
 def client(trained_workdir):
-  app = service.make_app(WorkdirTranslator(str(trained_workdir), batch_size=8),
-                         max_texts=8)
+  app = service.make_app(WorkdirTranslator(str(trained_workdir), batch_size=8,
+                                           max_settings=2), max_texts=8)
   with TestClient(app) as c:
     yield c
 
@@ -102,6 +102,18 @@ def test_prefixes_constraints_and_anti_repetition_equal_the_translators(
                    dict(repetition_penalty=1.5)):
     assert _post(client, texts=sources, **settings)['translations'] == (
         translators(beam_size=4, **settings)(sources))
+
+
+def test_anti_repetition_settings_are_bounded(client, sources):
+  # The two settings the fixture allows, then a third: each would compile a
+  # search of its own.
+  for settings in (dict(no_repeat_ngram_size=2), dict(repetition_penalty=1.5),
+                   dict(no_repeat_ngram_size=2, beam_size=1)):
+    _post(client, texts=sources[:1], **settings)
+  r = client.post('/translate', json={'texts': sources[:1],
+                                      'repetition_penalty': 1.7})
+  assert r.status_code == 422 and 'at most 2 distinct' in r.json()['error']
+  assert '(2, 1.0)' in r.json()['error']
 
 
 def test_alignments_equal_the_translators(client, sources, translators):

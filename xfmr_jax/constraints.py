@@ -46,7 +46,8 @@ NONE = -1  # cursor outside every phrase
 ENDED = -2  # cursor outside every phrase, one having ended at the last token
 
 NOT_UNDER_HF = ("terminology constraints work with beam_rules 'gnmt', not "
-                "under generate's rules ('hf')")
+                "under generate's rules ('hf', an imported Marian model's "
+                "default): choose beam_rules='gnmt' (--beam_rules=gnmt)")
 
 
 class ConstraintError(ValueError):

@@ -31,12 +31,12 @@ Endpoints:
   that prefers text/plain (as Prometheus' scraper sends).
 
 Sentences of concurrent requests are batched dynamically: each goes to the
-queue of its (beam size, source bucket, batch-wide options), and one decoding thread takes the
-queue whose oldest sentence has waited longest, once it holds ``max_batch``
-sentences or its oldest has waited ``max_wait_ms``. With the default wait of 0
-an idle decoder starts at once (no added latency at low load), and while it
-decodes, the sentences that arrive queue up and form the next batch, so
-batches grow with the load.
+queue of its (beam size, source bucket, batch-wide options), and one decoding
+thread takes the queue whose oldest sentence has waited longest, once it
+holds ``max_batch`` sentences or its oldest has waited ``max_wait_ms``. With
+the default wait of 0 an idle decoder starts at once (no added latency at low
+load), and while it decodes, the sentences that arrive queue up and form the
+next batch, so batches grow with the load.
 
 Limits: at most ``max_queue`` sentences wait (beyond: 503 and
 ``Retry-After``, from the decoder's mean time per sentence so far); a request not

@@ -25,7 +25,9 @@ from xfmr_jax.token_ids import EOS, PAD, UNK
 
 
 NOT_UNDER_HF = ("target prefixes work with beam_rules 'gnmt' (and greedy or "
-                "sampling), not under generate's rules ('hf')")
+                "sampling), not under generate's rules ('hf', an imported "
+                "Marian model's default): choose beam_rules='gnmt' "
+                "(--beam_rules=gnmt)")
 
 
 class PrefixError(ValueError):

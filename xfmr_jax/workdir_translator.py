@@ -39,13 +39,17 @@ class WorkdirTranslator:
     beam_sizes: the beam sizes requests may ask for (the first: default).
     batch_size, max_decode_extra: as :class:`~xfmr_jax.translate.Translator`
       (and ``python -m experiments.export``) take them.
+    max_settings: the most distinct anti-repetition settings it decodes
+      with (each compiles its own search, and a client must not be able to
+      make the service compile without end).
   """
 
   options = frozenset(OPTION_FIELDS + (SCORE,))
 
   def __init__(self, workdir: str, *, beam_sizes: Sequence[int] = (4, 1),
                step: int | None = None, batch_size: int = 64,
-               max_decode_extra: int = decode.DECODE_EXTRA):
+               max_decode_extra: int = decode.DECODE_EXTRA,
+               max_settings: int = 8):
     if not beam_sizes or any(b < 1 for b in beam_sizes):
       raise ValueError(f'beam sizes must be >= 1, got {list(beam_sizes)}')
     trained = Workdir(workdir).load(step)
@@ -59,7 +63,7 @@ class WorkdirTranslator:
         self.config.max_len, self.config.model_kind)
     self.buckets = source_batches.buckets_up_to(self.max_input)
     self.manifest = {'platforms': [serving.platform()], 'workdir': workdir}
-    self._translators = {}
+    self._translators, self.max_settings = {}, max_settings
 
   def translator(self, beam_size: int, no_repeat_ngram_size: int = 0,
                  repetition_penalty: float = 1.0) -> Translator:
@@ -67,6 +71,13 @@ class WorkdirTranslator:
     jax's caches hold each compiled search once)."""
     key = beam_size, no_repeat_ngram_size, repetition_penalty
     if key not in self._translators:
+      chosen = sorted({k[1:] for k in self._translators} - {(0, 1.0)})
+      if key[1:] != (0, 1.0) and key[1:] not in chosen and (
+          len(chosen) >= self.max_settings):
+        raise ValueError(
+            f'this service decodes at most {self.max_settings} distinct '
+            '(no_repeat_ngram_size, repetition_penalty) settings; ask with '
+            f'one it has: {chosen}')
       self._translators[key] = self._make(
           beam_size=beam_size, no_repeat_ngram_size=no_repeat_ngram_size,
           repetition_penalty=repetition_penalty)

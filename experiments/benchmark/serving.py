@@ -12,6 +12,9 @@ Exports the workdir's translator, then measures, in one run:
   persistent compilation cache filled by an earlier run (what the service's
   ``--compilation_cache_dir`` does) and (c) building the model and restoring
   the checkpoint (``Translator.from_workdir``);
+- the decoder alone, in this process (``serving.load``, no HTTP): ms per
+  sentence for 64 one-bucket test sentences decoded in batches of 1, 4, 16
+  and 64 (best of 3), the ceiling that batching can give the service;
 - requests/s and p50/p99 latency of ``POST /translate`` (one test sentence per
   request, beam 4 and greedy) at concurrency 1, 8 and 32, against
   the service with dynamic batching and against the same service limited to
@@ -80,6 +83,29 @@ def _start_service(artifact: str, port: int, *extra: str):
       time.sleep(0.1)
   proc.kill()
   raise RuntimeError('the service did not start')
+
+
+def decoder_alone(artifact: str, texts: list[str], beam_sizes,
+                  batches=(1, 4, 16, 64)) -> dict:
+  """``{beam: {batch: ms per sentence}}`` of the exported decoder, called
+  directly on 64 sentences of the first bucket (best of 3 passes)."""
+  from xfmr_jax import serving
+  loaded = serving.load(artifact)
+  rows = [ids for ids in (loaded.encode(t) for t in texts)
+          if ids and loaded.bucket(len(ids)) == loaded.buckets[0]][:64]
+  out = {}
+  for beam in beam_sizes:
+    out[beam] = {}
+    for n in batches:
+      loaded.translate_encoded(rows[:n], beam)  # compiles
+      best = float('inf')
+      for _ in range(3):
+        start = time.perf_counter()
+        for i in range(0, len(rows), n):
+          loaded.translate_encoded(rows[i:i + n], beam)
+        best = min(best, time.perf_counter() - start)
+      out[beam][n] = best / len(rows) * 1e3
+  return out
 
 
 async def _load(url: str, texts: list[str], concurrency: int, requests: int,
@@ -166,6 +192,7 @@ def main(argv=None) -> dict:
   result['cold_start_s'] = {k: statistics.median(v) for k, v in samples.items()}
   levels = [int(c) for c in args.levels.split(',')]
   beams = manifest['beam_sizes']
+  result['decoder_ms_per_sentence'] = decoder_alone(artifact, texts, beams)
   # A port each: a service that has just been stopped may still hold its
   # port for a moment, and the next one would then fail to bind while the
   # health check reached the old one.
@@ -199,6 +226,10 @@ def format_table(result: dict, levels, beams) -> str:
            '| beam | concurrency | batched req/s | p50 ms | p99 ms | mean batch '
            '| one-at-a-time req/s | p50 ms | p99 ms | speed-up |',
            '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
+  alone = result['decoder_ms_per_sentence']
+  lines.append('decoder alone, ms per sentence by batch size: ' + '; '.join(
+      f'beam {beam}: ' + ', '.join(f'{n}: {ms:.2f}' for n, ms in
+                                   alone[beam].items()) for beam in beams))
   for beam in beams:
     for c in levels:
       b, o = result['batched'][beam][c], result['one_at_a_time'][beam][c]
