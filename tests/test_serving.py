@@ -99,6 +99,28 @@ def test_output_ids_equal_translator_token_for_token(artifact, trained_workdir,
                                   translator.decode_ids(inputs))
 
 
+def test_a_batch_of_known_size_drops_finished_sentences(trained_workdir,
+                                                        sources, tmp_path):
+  """From 16 rows on, a beam search of known batch compacts, which a symbolic
+  batch cannot: the artifact carries a module for exactly 16 rows, and it
+  gives the compacting Translator's ids, as the any-batch module does for 8."""
+  from xfmr_jax import export, source_batches
+  out = tmp_path / 'art'
+  manifest = export.export_workdir(str(trained_workdir), str(out),
+                                   beam_sizes=(4,), batch_size=16,
+                                   buckets=(16,), progress=lambda line: None)
+  assert {n: m['rows'] for n, m in manifest['modules'].items()} == {
+      'translate_b4_s16.jaxexport': None, 'translate_b4_s16_r16.jaxexport': 16}
+  loaded = serving.load(str(out))
+  translator = Translator.from_workdir(str(trained_workdir), beam_size=4,
+                                       batch_size=16)
+  rows = [loaded.encode(t, too_long='truncate') for t in sources if t.strip()]
+  for n in (16, 8):
+    inputs = source_batches.pad_rows(rows[:n], 16, 16)
+    np.testing.assert_array_equal(loaded.decode_ids(inputs, 4),
+                                  translator.decode_ids(inputs))
+
+
 def _model_params_tokenizer(workdir):
   from xfmr_jax.workdir import Workdir
   trained = Workdir(workdir).load()

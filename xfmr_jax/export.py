@@ -11,6 +11,12 @@ An artifact is a folder:
   them, for inputs ``[batch, width]`` with a symbolic ``batch``, lowered for
   every platform asked for. Each takes ``(param_leaves, inputs)`` and returns
   ``[batch, width + extra]`` output ids (capped by the model's ``max_len``).
+- ``translate_b{beam}_s{width}_r{rows}.jaxexport``: the beam search again for
+  exactly ``rows`` sentences, for each padded row count of 16 or more. A
+  search whose batch is known drops its finished sentences from the decoded
+  rows as the batch thins out (:func:`xfmr_jax.beam_search.segment_sizes`);
+  with a symbolic batch it cannot, and every sentence costs until the last
+  one ends.
 - ``params.npz``: the parameters as a flat list of arrays, passed to the
   modules at call time rather than baked into them, so the modules stay small
   and one parameter file serves every bucket.
@@ -35,7 +41,7 @@ import jaxlib
 import numpy as np
 from jax import export as jax_export
 
-from xfmr_jax import decode, source_batches, translate
+from xfmr_jax import beam_search, decode, source_batches, translate
 from xfmr_jax.model import SequenceModel
 from xfmr_jax import serving
 from xfmr_jax.serving import FORMAT, MANIFEST, PARAMS, sha256
@@ -44,8 +50,21 @@ from xfmr_jax.workdir import Workdir
 PLATFORMS = ('cpu', 'cuda', 'rocm', 'tpu')
 
 
-def module_name(beam_size: int, width: int) -> str:
-  return f'translate_b{beam_size}_s{width}.jaxexport'
+def module_name(beam_size: int, width: int, rows: int | None = None) -> str:
+  """The file of the module for ``beam_size`` and bucket ``width``; ``rows``:
+  the one for exactly that many sentences (None: any number)."""
+  suffix = '' if rows is None else f'_r{rows}'
+  return f'translate_b{beam_size}_s{width}{suffix}.jaxexport'
+
+
+def fixed_row_counts(beam_size: int, batch_size: int) -> list[int]:
+  """The row counts that get a module of their own: those where a beam
+  search of known batch compacts (more than one segment). Greedy search
+  has no segments, so the symbolic module serves it alone."""
+  if beam_size == 1:
+    return []
+  return [rows for rows in source_batches.row_counts(batch_size)
+          if len(beam_search.segment_sizes(rows)) > 1]
 
 
 def default_platforms() -> list[str]:
@@ -126,14 +145,15 @@ def export_translator(model: SequenceModel, params, tokenizer, out_dir: str,
     for width in widths:
       length = decode.decode_length(config, width, extra=max_decode_extra)
       fn = _decode_fn(model, treedef, beam_size, alpha, beam_rules, length)
-      exported = jax_export.export(fn, platforms=platforms)(
-          specs, jax.ShapeDtypeStruct((batch, width), jnp.int32))
-      name = module_name(beam_size, width)
-      with open(os.path.join(tmp, name), 'wb') as f:
-        f.write(exported.serialize())
-      modules[name] = dict(beam_size=beam_size, width=width,
-                           output_length=length)
-      progress(f'exported {name} ({time.time() - start:.1f} s)')
+      for rows in [None] + fixed_row_counts(beam_size, batch_size):
+        exported = jax_export.export(fn, platforms=platforms)(
+            specs, jax.ShapeDtypeStruct((rows or batch, width), jnp.int32))
+        name = module_name(beam_size, width, rows)
+        with open(os.path.join(tmp, name), 'wb') as f:
+          f.write(exported.serialize())
+        modules[name] = dict(beam_size=beam_size, width=width, rows=rows,
+                             output_length=length)
+        progress(f'exported {name} ({time.time() - start:.1f} s)')
 
   files = sorted(os.path.relpath(os.path.join(root, name), tmp)
                  for root, _, names in os.walk(tmp) for name in names)

@@ -140,7 +140,8 @@ class ExportedTranslator:
         exported = jax_export.deserialize(bytearray(blob))
       except Exception as e:  # flatbuffers raises assorted errors
         raise ArtifactError(f'{path}: {name} cannot be read ({e})') from None
-      self._modules[info['beam_size'], info['width']] = jax.jit(exported.call)
+      key = info['beam_size'], info['width'], info.get('rows')
+      self._modules[key] = jax.jit(exported.call)
     self._executables = {}   # (beam, width, rows) -> compiled
     self._lock = threading.Lock()
 
@@ -150,12 +151,15 @@ class ExportedTranslator:
     return source_batches.row_counts(self.batch_size)
 
   def _executable(self, beam_size: int, width: int, rows: int):
-    """The module compiled for ``[rows, width]`` inputs (compiled once)."""
+    """The module compiled for ``[rows, width]`` inputs (compiled once): the
+    one exported for exactly ``rows`` sentences where there is one (a beam
+    search that drops finished sentences), else the any-batch one."""
     key = beam_size, width, rows
     if key not in self._executables:
       inputs = jax.ShapeDtypeStruct((rows, width), np.int32)
-      self._executables[key] = self._modules[beam_size, width].lower(
-          self.params, inputs).compile()
+      module = (self._modules.get(key)
+                or self._modules[beam_size, width, None])
+      self._executables[key] = module.lower(self.params, inputs).compile()
     return self._executables[key]
 
   def warm_up(self, beam_sizes=None, widths=None) -> int:

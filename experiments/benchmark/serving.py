@@ -85,12 +85,11 @@ def _start_service(artifact: str, port: int, *extra: str):
   raise RuntimeError('the service did not start')
 
 
-def decoder_alone(artifact: str, texts: list[str], beam_sizes,
+def decoder_alone(loaded, texts: list[str], beam_sizes,
                   batches=(1, 4, 16, 64)) -> dict:
-  """``{beam: {batch: ms per sentence}}`` of the exported decoder, called
-  directly on 64 sentences of the first bucket (best of 3 passes)."""
-  from xfmr_jax import serving
-  loaded = serving.load(artifact)
+  """``{beam: {batch: ms per sentence}}`` of a loaded translator (the
+  artifact's or the workdir's), called directly on 64 sentences of the first
+  bucket (best of 3 passes)."""
   rows = [ids for ids in (loaded.encode(t) for t in texts)
           if ids and loaded.bucket(len(ids)) == loaded.buckets[0]][:64]
   out = {}
@@ -192,7 +191,11 @@ def main(argv=None) -> dict:
   result['cold_start_s'] = {k: statistics.median(v) for k, v in samples.items()}
   levels = [int(c) for c in args.levels.split(',')]
   beams = manifest['beam_sizes']
-  result['decoder_ms_per_sentence'] = decoder_alone(artifact, texts, beams)
+  from xfmr_jax import serving, workdir_translator
+  result['decoder_ms_per_sentence'] = {
+      'artifact': decoder_alone(serving.load(artifact), texts, beams),
+      'workdir': decoder_alone(workdir_translator.WorkdirTranslator(
+          args.workdir, beam_sizes=beams), texts, beams)}
   # A port each: a service that has just been stopped may still hold its
   # port for a moment, and the next one would then fail to bind while the
   # health check reached the old one.
@@ -226,10 +229,11 @@ def format_table(result: dict, levels, beams) -> str:
            '| beam | concurrency | batched req/s | p50 ms | p99 ms | mean batch '
            '| one-at-a-time req/s | p50 ms | p99 ms | speed-up |',
            '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
-  alone = result['decoder_ms_per_sentence']
-  lines.append('decoder alone, ms per sentence by batch size: ' + '; '.join(
-      f'beam {beam}: ' + ', '.join(f'{n}: {ms:.2f}' for n, ms in
-                                   alone[beam].items()) for beam in beams))
+  for source, alone in result['decoder_ms_per_sentence'].items():
+    lines.append(f'{source} decoder alone, ms per sentence by batch size: '
+                 + '; '.join(f'beam {beam}: ' + ', '.join(
+                     f'{n}: {ms:.2f}' for n, ms in alone[beam].items())
+                             for beam in beams))
   for beam in beams:
     for c in levels:
       b, o = result['batched'][beam][c], result['one_at_a_time'][beam][c]
